@@ -1,0 +1,107 @@
+"""The coordinator's app factory: ``create_app(settings)``.
+
+Nothing happens at import time. ``create_app`` opens the engine, migrates the store to
+the latest schema (Alembic ``upgrade head``), mounts one router per resource under
+``/api/v1`` (``/healthz`` at the root) and maps the store's errors to HTTP statuses,
+each answered as ``{"detail": "<one line: the problem and the fix>"}``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from coordinator import migrate
+from coordinator.db import make_engine, make_sessionmaker
+from coordinator.errors import Conflict, Forbidden, NotFound
+from coordinator.routers import devices, health, jobs
+from coordinator.settings import CoordinatorSettings
+from meshfl import __version__
+from meshfl.contract import API_PREFIX
+from meshfl.errors import ConfigError, MeshflError
+
+__all__ = ["create_app"]
+
+_STATUS: list[tuple[type[MeshflError], int]] = [
+    (NotFound, status.HTTP_404_NOT_FOUND),
+    (Conflict, status.HTTP_409_CONFLICT),
+    (Forbidden, status.HTTP_403_FORBIDDEN),
+    (ConfigError, 422),
+]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+async def _meshfl_error(_request: Request, exc: Exception) -> JSONResponse:
+    code = next((c for kind, c in _STATUS if isinstance(exc, kind)), 500)
+    return JSONResponse({"detail": _one_line(str(exc))}, status_code=code)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    parts = [
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors
+    ]
+    detail = "invalid request: " + "; ".join(parts) + " (fix these fields and retry)"
+    return JSONResponse({"detail": _one_line(detail)}, status_code=422)
+
+
+def create_app(settings: CoordinatorSettings, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    """Build the coordinator's FastAPI app.
+
+    Parameters
+    ----------
+    settings : CoordinatorSettings
+        Must carry ``enrol_token`` and ``admin_token`` (``serve()`` fills missing ones).
+    clock : callable, optional
+        Returns the current time in unix seconds; default :func:`time.time`. Tests pass
+        a fake clock to move time (stale-device rule, elapsed times).
+
+    Returns
+    -------
+    FastAPI
+        The app; its store is migrated to the latest schema. OpenAPI docs at ``/docs``.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        A token is missing.
+
+    """
+    if not settings.enrol_token or not settings.admin_token:
+        raise ConfigError(
+            "the coordinator needs enrol_token and admin_token; set "
+            "MESHFL_COORDINATOR_ENROL_TOKEN/ADMIN_TOKEN or start it with serve(), "
+            "which generates them"
+        )
+    engine = make_engine(settings.db_url)
+    migrate.upgrade(engine)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="meshfl coordinator",
+        version=__version__,
+        lifespan=lifespan,
+        description="Control plane of a meshfl fleet: enrolment, jobs, topology, metrics.",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.clock = clock
+    app.add_exception_handler(MeshflError, _meshfl_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.include_router(health.router)
+    app.include_router(devices.router, prefix=API_PREFIX)
+    app.include_router(jobs.router, prefix=API_PREFIX)
+    return app

@@ -1,0 +1,120 @@
+"""SQLAlchemy 2.x ORM tables of the coordinator and the engine factory.
+
+Times are unix seconds (``float``) taken from the app's injectable clock, so tests can
+move time; JSON columns hold the REST contract's ``TypedDict`` bodies unchanged. The
+schema is created by the Alembic migrations in ``coordinator/migrations`` — never by
+``metadata.create_all`` — and a test checks that they agree with these classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Double,
+    Engine,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+__all__ = ["Base", "Device", "Job", "JobDevice", "RoundMetric", "make_engine", "make_sessionmaker"]
+
+
+class Base(DeclarativeBase):
+    """Declarative base; ``Base.metadata`` is what the migrations must produce."""
+
+
+class Device(Base):
+    """An enrolled device; ``token_hash`` is the SHA-256 hex digest of its bearer token."""
+
+    __tablename__ = "devices"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    fleet: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)
+    enrolled_at: Mapped[float] = mapped_column(Double, index=True)
+    last_seen: Mapped[float] = mapped_column(Double)
+
+
+class Job(Base):
+    """A training job: its ``JobSpec``, status and, once started, its topology."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Double)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double)
+    # {"kind", "devices": [ids by index], "edges": [[i, j]], "W": [[...]], "gap"}
+    topology: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class JobDevice(Base):
+    """A device's participation in a job: its index in W, and whether it is done."""
+
+    __tablename__ = "job_devices"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer)
+    done: Mapped[bool] = mapped_column(Boolean, default=False)
+    final: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the DeviceDone body
+    last_activity: Mapped[float] = mapped_column(Double)
+
+
+class RoundMetric(Base):
+    """One device's ``RoundMetrics`` for one round; the first report of a round wins."""
+
+    __tablename__ = "round_metrics"
+    __table_args__ = (UniqueConstraint("job_id", "device_id", "round", name="uq_round_metrics"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"))
+    round: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    received_at: Mapped[float] = mapped_column(Double)
+
+
+def make_engine(url: str) -> Engine:
+    """Create the engine for ``url`` (SQLite or PostgreSQL).
+
+    A plain ``postgresql://`` URL uses the psycopg (3) driver. SQLite gets
+    ``check_same_thread=False`` (FastAPI serves sync routes from a thread
+    pool), foreign keys switched on, and a single shared connection for ``:memory:``.
+    """
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql":  # meshfl ships psycopg 3, not psycopg2
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed, pool_pre_ping=True)
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+    if parsed.database in (None, "", ":memory:"):
+        kwargs["poolclass"] = StaticPool
+    engine = create_engine(parsed, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _foreign_keys_on(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Session factory; objects stay readable after commit (``expire_on_commit=False``)."""
+    return sessionmaker(engine, expire_on_commit=False)

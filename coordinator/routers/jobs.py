@@ -1,0 +1,120 @@
+"""``/jobs``: create, list, start and stop jobs; devices post metrics and done here."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Response, status
+from sqlalchemy.orm import Session
+
+from coordinator import lifecycle, reports, store, validation
+from coordinator.db import Job
+from coordinator.deps import AdminDep, DeviceDep, NowDep, SessionDep, SettingsDep
+from meshfl.contract import (
+    DeviceDone,
+    JobPublic,
+    JobSpec,
+    RoundMetrics,
+    RoundSummary,
+    TopologyPublic,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def _public(session: Session, job: Job) -> JobPublic:
+    rows = store.participants(session, job)
+    names = store.device_names(session, [r.device_id for r in rows])
+    return reports.job_public(job, rows, names, store.round_metrics(session, job))
+
+
+def _read(session: Session, job_id: str, now: float, stale_after_s: float) -> Job:
+    return lifecycle.refresh_status(session, store.get_job(session, job_id), now, stale_after_s)
+
+
+@router.post("", response_model=JobPublic, status_code=status.HTTP_201_CREATED)
+def create_job(body: JobSpec, _: AdminDep, session: SessionDep, now: NowDep) -> JobPublic:
+    """Validate a job spec and store the job (status ``created``)."""
+    validation.validate_spec(body)
+    return _public(session, store.create_job(session, body, now))
+
+
+@router.get("", response_model=list[JobPublic])
+def list_jobs(
+    _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+) -> list[JobPublic]:
+    """Every job, oldest first."""
+    jobs = store.list_jobs(session)
+    for job in jobs:
+        lifecycle.refresh_status(session, job, now, settings.stale_after_s)
+    return [_public(session, job) for job in jobs]
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def get_job(
+    job_id: str, _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+) -> JobPublic:
+    """One job with each participant's progress."""
+    return _public(session, _read(session, job_id, now, settings.stale_after_s))
+
+
+@router.post("/{job_id}/start", response_model=JobPublic)
+def start_job(job_id: str, _: AdminDep, session: SessionDep, now: NowDep) -> JobPublic:
+    """Pick the participants, plan the topology and mixing matrix, and run the job."""
+    return _public(session, lifecycle.start_job(session, store.get_job(session, job_id), now))
+
+
+@router.post("/{job_id}/stop", response_model=JobPublic)
+def stop_job(
+    job_id: str, _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+) -> JobPublic:
+    """Stop a created or running job."""
+    job = _read(session, job_id, now, settings.stale_after_s)
+    return _public(session, lifecycle.stop_job(session, job, now))
+
+
+@router.get("/{job_id}/rounds", response_model=list[RoundSummary])
+def get_rounds(job_id: str, _: AdminDep, session: SessionDep) -> list[RoundSummary]:
+    """One summary per round any device reported."""
+    job = store.get_job(session, job_id)
+    rows = store.participants(session, job)
+    return reports.round_summaries(job, rows, store.round_metrics(session, job))
+
+
+@router.get("/{job_id}/topology", response_model=TopologyPublic)
+def get_topology(job_id: str, _: AdminDep, session: SessionDep) -> TopologyPublic:
+    """Return the job's graph and mixing matrix W (409 before the job starts)."""
+    job = store.get_job(session, job_id)
+    if job.topology is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"job {job_id!r} has no topology yet; start it with POST /jobs/{job_id}/start",
+        )
+    return reports.topology_public(job)
+
+
+@router.post("/{job_id}/metrics", status_code=status.HTTP_204_NO_CONTENT)
+def post_metrics(
+    job_id: str, body: RoundMetrics, device: DeviceDep, session: SessionDep, now: NowDep
+) -> Response:
+    """Record a participant's round report; re-posting a round is a no-op."""
+    job = store.get_job(session, job_id)
+    row = store.participation(session, job, device)
+    rounds = int(job.spec["rounds"])
+    if not 1 <= body["round"] <= rounds:
+        raise HTTPException(
+            422,
+            f"round {body['round']} is out of range; job {job_id!r} has rounds 1..{rounds}",
+        )
+    store.record_metrics(session, row, device, body, now)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{job_id}/done", status_code=status.HTTP_204_NO_CONTENT)
+def post_done(
+    job_id: str, body: DeviceDone, device: DeviceDep, session: SessionDep, now: NowDep
+) -> Response:
+    """Record that a participant finished; the job completes when all have."""
+    job = store.get_job(session, job_id)
+    lifecycle.mark_done(session, job, store.participation(session, job, device), device, body, now)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

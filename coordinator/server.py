@@ -1,0 +1,57 @@
+"""Run the coordinator under uvicorn: ``serve(settings)``."""
+
+from __future__ import annotations
+
+import secrets
+
+from coordinator.settings import CoordinatorSettings
+
+__all__ = ["ensure_tokens", "serve"]
+
+
+def ensure_tokens(settings: CoordinatorSettings) -> tuple[CoordinatorSettings, list[str]]:
+    """Fill a missing enrol or admin token with :func:`secrets.token_urlsafe`.
+
+    Returns the completed settings and the names of the tokens generated (so the caller
+    can show them once).
+    """
+    update = {
+        name: secrets.token_urlsafe(24)
+        for name in ("enrol_token", "admin_token")
+        if not getattr(settings, name)
+    }
+    return settings.model_copy(update=update), sorted(update)
+
+
+def serve(settings: CoordinatorSettings, host: str = "127.0.0.1", port: int = 8080) -> None:
+    """Serve the coordinator until interrupted (uvicorn, log level ``warning``).
+
+    Prints one block with the URL, the enrol token and the admin token; a token given
+    in ``settings`` (or its environment variable) is shown as such, a generated one is
+    shown in full once — it is not stored anywhere, so note it.
+    """
+    import uvicorn
+    from sqlalchemy.engine import make_url
+
+    from coordinator.app import create_app
+
+    settings, generated = ensure_tokens(settings)
+    app = create_app(settings)
+
+    def shown(name: str) -> str:
+        value = str(getattr(settings, name))
+        env = f"MESHFL_COORDINATOR_{name.upper()}"
+        return (
+            f"{value}  (generated; set {env} to keep it)" if name in generated else f"(from {env})"
+        )
+
+    print(
+        "meshfl coordinator\n"
+        f"  URL:          http://{host}:{port}  (API docs: http://{host}:{port}/docs)\n"
+        f"  fleet:        {settings.fleet}\n"
+        f"  enrol token:  {shown('enrol_token')}\n"
+        f"  admin token:  {shown('admin_token')}\n"
+        f"  database:     {make_url(settings.db_url).render_as_string(hide_password=True)}",
+        flush=True,
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,49 @@
+"""Coordinator settings, read from ``MESHFL_COORDINATOR_*`` environment variables.
+
+Nothing is created at import time: build a :class:`CoordinatorSettings` where the
+process starts (``serve()``, the CLI, a test) and pass it to ``create_app(settings)``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["CoordinatorSettings"]
+
+
+class CoordinatorSettings(BaseSettings):
+    """Settings of one coordinator process.
+
+    Attributes
+    ----------
+    db_url : str
+        SQLAlchemy URL of the store. Default ``sqlite:///meshfl-coordinator.db`` (a file in
+        the working directory); ``postgresql+psycopg://user@host/db`` for PostgreSQL.
+    fleet : str
+        Name of the fleet this coordinator manages; returned to devices at enrolment and
+        used in their MQTT topics. Default ``"default"``.
+    enrol_token : str or None
+        Shared secret a device presents to enrol. ``None``: ``serve()`` generates one at
+        startup with :func:`secrets.token_urlsafe` and prints it once.
+    admin_token : str or None
+        Bearer token of the admin (operator) endpoints. ``None``: generated like
+        ``enrol_token``.
+    broker_url : str or None
+        MQTT broker URL advertised to devices at enrolment (``mqtt://host:1883``).
+        ``None``: devices must be told the broker some other way.
+    stale_after_s : float
+        Seconds. A participant that has not reported for this long, while at least one
+        other participant has finished, is declared lost and the job completes without
+        it. Default 120.
+
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MESHFL_COORDINATOR_", extra="ignore")
+
+    db_url: str = "sqlite:///meshfl-coordinator.db"
+    fleet: str = "default"
+    enrol_token: str | None = None
+    admin_token: str | None = None
+    broker_url: str | None = None
+    stale_after_s: float = Field(default=120.0, gt=0)

@@ -1,0 +1,190 @@
+"""The coordinator's data access: devices, jobs, participation and round metrics.
+
+Every function takes the request's ``Session`` and the clock's ``now`` (unix seconds),
+commits what it writes, and raises :mod:`coordinator.errors` / meshfl errors, never
+HTTP exceptions. Job lifecycle rules live in :mod:`coordinator.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from coordinator.db import Device, Job, JobDevice, RoundMetric
+from coordinator.errors import Forbidden, NotFound
+from meshfl.contract import CapabilityProfile, JobSpec, RoundMetrics
+
+__all__ = [
+    "create_job",
+    "device_by_token",
+    "device_names",
+    "enrol_device",
+    "get_device",
+    "get_job",
+    "hash_token",
+    "list_devices",
+    "list_jobs",
+    "participants",
+    "participation",
+    "record_metrics",
+    "round_metrics",
+    "touch",
+    "update_profile",
+]
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex digest of a bearer token; only the digest is stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def enrol_device(
+    session: Session, *, name: str, fleet: str, profile: CapabilityProfile, now: float
+) -> tuple[Device, str]:
+    """Create a new device identity; returns it and its bearer token (shown once).
+
+    Re-enrolling under an existing name creates another identity: names are labels.
+    """
+    token = secrets.token_urlsafe(32)
+    device = Device(
+        id=f"dev-{secrets.token_hex(6)}",
+        name=name,
+        fleet=fleet,
+        token_hash=hash_token(token),
+        profile=dict(profile),
+        enrolled_at=now,
+        last_seen=now,
+    )
+    session.add(device)
+    session.commit()
+    return device, token
+
+
+def device_by_token(session: Session, token: str) -> Device | None:
+    """Find the device whose token this is, or ``None``."""
+    return session.scalars(select(Device).where(Device.token_hash == hash_token(token))).first()
+
+
+def get_device(session: Session, device_id: str) -> Device:
+    """Return the device ``device_id``; raises :class:`NotFound`."""
+    device = session.get(Device, device_id)
+    if device is None:
+        raise NotFound(f"device {device_id!r} is not enrolled; list devices with GET /devices")
+    return device
+
+
+def list_devices(session: Session) -> list[Device]:
+    """All devices, in enrolment order."""
+    return list(session.scalars(select(Device).order_by(Device.enrolled_at, Device.id)))
+
+
+def device_names(session: Session, device_ids: list[str]) -> dict[str, str]:
+    """Map each of ``device_ids`` that exists to its name."""
+    query = select(Device.id, Device.name).where(Device.id.in_(device_ids))
+    return {device_id: name for device_id, name in session.execute(query)}
+
+
+def touch(session: Session, device: Device, now: float) -> None:
+    """Record that ``device`` was heard from at ``now``."""
+    device.last_seen = now
+    session.commit()
+
+
+def update_profile(
+    session: Session, device: Device, profile: CapabilityProfile, now: float
+) -> Device:
+    """Replace the device's capability profile."""
+    device.profile = dict(profile)
+    device.last_seen = now
+    session.commit()
+    return device
+
+
+def create_job(session: Session, spec: JobSpec, now: float) -> Job:
+    """Store a new job in status ``created`` (the spec must be validated already)."""
+    job = Job(id=f"job-{secrets.token_hex(6)}", spec=dict(spec), status="created", created_at=now)
+    session.add(job)
+    session.commit()
+    return job
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    """Return the job ``job_id``; raises :class:`NotFound`."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /jobs")
+    return job
+
+
+def list_jobs(session: Session) -> list[Job]:
+    """All jobs, oldest first."""
+    return list(session.scalars(select(Job).order_by(Job.created_at, Job.id)))
+
+
+def participants(session: Session, job: Job) -> list[JobDevice]:
+    """List the job's participants by index (empty before the job starts)."""
+    query = select(JobDevice).where(JobDevice.job_id == job.id).order_by(JobDevice.index)
+    return list(session.scalars(query))
+
+
+def participation(session: Session, job: Job, device: Device) -> JobDevice:
+    """``device``'s participation in ``job``; raises :class:`Forbidden` if it has none."""
+    row = session.get(JobDevice, (job.id, device.id))
+    if row is None:
+        raise Forbidden(
+            f"device {device.id!r} does not take part in job {job.id!r}; "
+            "ask GET /devices/{device_id}/assignment for this device's job"
+        )
+    return row
+
+
+def round_metrics(session: Session, job: Job) -> list[RoundMetric]:
+    """Every stored round report of ``job``, by round then arrival."""
+    query = (
+        select(RoundMetric)
+        .where(RoundMetric.job_id == job.id)
+        .order_by(RoundMetric.round, RoundMetric.id)
+    )
+    return list(session.scalars(query))
+
+
+def record_metrics(
+    session: Session, row: JobDevice, device: Device, metrics: RoundMetrics, now: float
+) -> bool:
+    """Store one round report; a repeat of a stored (job, device, round) is ignored.
+
+    Returns ``True`` when stored, ``False`` for a duplicate (the first report wins).
+    """
+    row.last_activity = now
+    device.last_seen = now
+    exists = session.scalars(
+        select(RoundMetric.id).where(
+            RoundMetric.job_id == row.job_id,
+            RoundMetric.device_id == row.device_id,
+            RoundMetric.round == metrics["round"],
+        )
+    ).first()
+    if exists is not None:
+        session.commit()
+        return False
+    body: dict[str, Any] = dict(metrics)
+    session.add(
+        RoundMetric(
+            job_id=row.job_id,
+            device_id=row.device_id,
+            round=metrics["round"],
+            metrics=body,
+            received_at=now,
+        )
+    )
+    try:
+        session.commit()
+    except IntegrityError:  # a concurrent duplicate won the race: same outcome
+        session.rollback()
+        return False
+    return True

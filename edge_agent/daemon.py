@@ -1,0 +1,132 @@
+"""The agent daemon: enrol, connect, wait for work, run jobs, report.
+
+``meshfl agent run`` calls :func:`run_agent`. The lifecycle:
+
+1. load and check the local data file (a bad file fails here, before any network);
+2. enrol with the coordinator over REST (device id, device token, broker URL);
+3. connect to the broker (MQTT 5 or 3.1.1), retained ``online`` status, Last Will
+   ``offline``;
+4. poll for an assignment; for each job: build the model, measure and report the
+   capability profile, run the rounds (:mod:`edge_agent.job`), save the final model,
+   report done;
+5. with ``once`` set, exit after the first job; otherwise wait for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.job import JobRunner
+from edge_agent.rest import CoordinatorClient
+from edge_agent.transport.base import Message, Transport
+from meshfl.contract import Assignment
+from meshfl.errors import ConfigError
+from meshfl.wire import status_topic, validate_id
+from models.data import load_dataset_file
+
+__all__ = ["AgentConfig", "run_agent"]
+
+log = logging.getLogger("meshfl.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What ``meshfl agent run`` was asked to do.
+
+    ``broker`` overrides the broker URL the coordinator advertises; ``test_data``
+    overrides the job's test file; ``out`` is where final models are written;
+    ``once`` exits after one job; ``poll_s`` is the assignment polling period (seconds);
+    ``start_retry_s`` / ``run_retry_s`` how long (seconds) an unreachable coordinator is
+    retried before enrolment / after it.
+    """
+
+    coordinator: str
+    token: str
+    data: Path
+    name: str
+    broker: str | None = None
+    test_data: Path | None = None
+    out: Path = Path("meshfl-agent")
+    label_column: str = "label"
+    once: bool = False
+    poll_s: float = 0.5
+    start_retry_s: float = 10.0
+    run_retry_s: float = 120.0
+    threads: int = 1
+
+
+def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
+    """Run the agent until its work is done (``once``) or it is interrupted.
+
+    Raises
+    ------
+    meshfl.errors.DataError
+        The local data file is missing, empty or malformed.
+    meshfl.errors.CoordinatorUnreachable, meshfl.errors.BrokerUnreachable
+        The coordinator or the broker cannot be reached.
+
+    """
+    validate_id(config.name, "device name")
+    x, y = load_dataset_file(config.data, config.label_column)
+    log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
+    client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)
+    try:
+        enrolment = client.enrol(config.token, config.name, {})
+        client.retry_s = config.run_retry_s  # once enrolled, ride out longer outages
+        device_id, fleet = enrolment["device_id"], enrolment["fleet"]
+        if transport is None:
+            broker = config.broker or enrolment["broker_url"]
+            if not broker:
+                raise ConfigError(
+                    "the coordinator advertises no broker URL; pass --broker mqtt://HOST:PORT"
+                )
+            from edge_agent.transport.mqtt import MqttTransport
+
+            transport = MqttTransport(broker)
+        will = Message(status_topic(fleet, device_id), _status("offline"), qos=1, retain=True)
+        transport.connect(device_id, will=will)
+        log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
+        transport.publish(status_topic(fleet, device_id), _status("online"), retain=True)
+        try:
+            _serve(config, client, transport, device_id, fleet, x, y)
+        finally:
+            transport.publish(status_topic(fleet, device_id), _status("offline"), retain=True)
+            transport.flush(10.0)
+            transport.close()
+    finally:
+        client.close()
+
+
+def _serve(
+    config: AgentConfig,
+    client: CoordinatorClient,
+    transport: Transport,
+    device_id: str,
+    fleet: str,
+    x: object,
+    y: object,
+) -> None:
+    finished: set[str] = set()
+    while True:
+        assignment = client.assignment(device_id)
+        if assignment is None or not _runnable(assignment, finished):
+            time.sleep(config.poll_s)
+            continue
+        runner = JobRunner(config, client, transport, device_id, assignment)
+        runner.run(x, y)  # type: ignore[arg-type]
+        finished.add(assignment["job_id"])
+        if config.once:
+            return
+
+
+def _runnable(assignment: Assignment, finished: set[str]) -> bool:
+    return assignment["status"] == "running" and assignment["job_id"] not in finished
+
+
+def _status(state: str) -> bytes:
+    from edge_agent.engine import status_payload
+
+    return status_payload(state)

@@ -1,0 +1,160 @@
+"""One device's part in one job: train, gossip, evaluate, report — round by round."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge_agent.engine import GossipEngine
+from edge_agent.rest import CoordinatorClient
+from edge_agent.transport.base import Transport
+from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
+from meshfl.codecs import parse_codec
+from meshfl.contract import Assignment, RoundMetrics
+from meshfl.errors import DataError
+
+if TYPE_CHECKING:
+    from edge_agent.daemon import AgentConfig
+
+__all__ = ["JobRunner"]
+
+log = logging.getLogger("meshfl.agent.job")
+
+
+class JobRunner:
+    """Runs the rounds of one assignment and reports each to the coordinator."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: CoordinatorClient,
+        transport: Transport,
+        device_id: str,
+        assignment: Assignment,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.transport = transport
+        self.device_id = device_id
+        self.assignment = assignment
+        self.spec = assignment["spec"]
+        self.job_id = assignment["job_id"]
+
+    def run(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Run every round of the job on local data ``x`` (n, d) float32, ``y`` (n,) int64."""
+        from edge_agent.probe import capability_profile
+        from edge_agent.trainer import Trainer
+        from models.data import check_model_fit
+
+        spec = self.spec
+        check_model_fit(x, y, spec["model"])
+        x_test, y_test = self._test_data()
+        check_model_fit(x_test, y_test, spec["model"])
+        trainer = Trainer(
+            spec["model"],
+            seed=spec["seed"],  # every device starts from the same weights
+            data_seed=spec["seed"] + 1 + self.assignment["index"],  # its own shuffles
+            learning_rate=spec["learning_rate"],
+            batch_size=spec["batch_size"],
+            local_epochs=spec["local_epochs"],
+            threads=self.config.threads,
+        )
+        self.client.put_profile(self.device_id, capability_profile(trainer, x, y))
+        engine = GossipEngine(
+            transport=self.transport,
+            fleet=self.assignment["fleet"],
+            job_id=self.job_id,
+            device_id=self.device_id,
+            neighbours=[n["device_id"] for n in self.assignment["neighbours"]],
+            algorithm=self._algorithm(trainer.params()),
+            deadline_s=spec["round_deadline_s"],
+            max_payload=spec["max_payload_bytes"],
+        )
+        engine.start()
+        absent = engine.wait_ready(max(60.0, spec["round_deadline_s"]))
+        if absent:
+            log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
+        sent0, received0 = self.transport.bytes_sent, self.transport.bytes_received
+        accuracy = 0.0
+        for round_ in range(1, spec["rounds"] + 1):
+            started = time.perf_counter()
+            sent, received = self.transport.bytes_sent, self.transport.bytes_received
+            result = trainer.train(x, y)
+            params, missing = engine.exchange(round_, trainer.params())
+            trainer.set_params(params)
+            accuracy, loss = trainer.evaluate(x_test, y_test)
+            metrics: RoundMetrics = {
+                "round": round_,
+                "accuracy": accuracy,
+                "loss": loss,
+                "bytes_sent": self.transport.bytes_sent - sent,
+                "bytes_received": self.transport.bytes_received - received,
+                "missing": missing,
+                "sketch": self._sketch(params),
+                "train_s": result.seconds,
+                "round_s": time.perf_counter() - started,
+            }
+            self.client.post_metrics(self.job_id, metrics)
+            log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
+            if round_ < spec["rounds"] and self._stopped():
+                log.info("job %s was stopped by the coordinator", self.job_id)
+                break
+        self.transport.flush(10.0)
+        path = self.config.out / f"{self.job_id}" / "model.pt"
+        trainer.save(path)
+        self.client.post_done(
+            self.job_id,
+            {
+                "final_accuracy": accuracy,
+                "bytes_sent": self.transport.bytes_sent - sent0,
+                "bytes_received": self.transport.bytes_received - received0,
+                "model_path": str(path.resolve()),
+            },
+        )
+        if engine.stats.rejected:
+            log.warning("rejected %d malformed messages", engine.stats.rejected)
+
+    def _algorithm(self, params: dict[str, np.ndarray]) -> GossipAlgorithm:
+        weights = {n["device_id"]: n["weight"] for n in self.assignment["neighbours"]}
+        self_weight = self.assignment["self_weight"]
+        if self.spec["algorithm"] == "dpsgd":
+            return DPSGDGossip(params, weights, self_weight)
+        return ChocoGossip(
+            params,
+            weights,
+            self_weight,
+            consensus_step=self.spec["consensus_step"],
+            codec=parse_codec(self.spec["codec"]),
+            shared_start=True,  # every device starts from the same seeded x⁰
+        )
+
+    def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:
+        dim = self.spec["sketch_dim"]
+        if dim <= 0:
+            return []
+        return [float(v) for v in consensus_sketch(params, dim, self.spec["seed"])]
+
+    def _test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        from models.data import load_dataset_file
+
+        path = self.config.test_data or self.spec["test_data"]
+        if path is not None:
+            return load_dataset_file(Path(path), self.config.label_column)
+        if self.config.data.suffix == ".npz":
+            with np.load(self.config.data) as arrays:
+                if "x_test" in arrays and "y_test" in arrays:
+                    return arrays["x_test"].astype(np.float32), arrays["y_test"].astype(np.int64)
+        raise DataError(
+            f"job {self.job_id} names no test data and {self.config.data} has no"
+            " x_test/y_test arrays; pass --test-data FILE"
+        )
+
+    def _stopped(self) -> bool:
+        current = self.client.assignment(self.device_id)
+        return current is None or (
+            current["job_id"] == self.job_id and current["status"] == "stopped"
+        )

@@ -1,0 +1,58 @@
+"""The capability profile a device reports to the coordinator (``PUT .../profile``).
+
+The planner uses it to give slow devices fewer local steps or smaller batches; the
+throughput figure is measured on the job's own model and batch size.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import numpy as np
+import psutil
+
+from edge_agent.trainer import Trainer, accelerator_name
+from meshfl.contract import CapabilityProfile
+
+__all__ = ["capability_profile"]
+
+
+def capability_profile(
+    trainer: Trainer | None, x: np.ndarray | None = None, y: np.ndarray | None = None
+) -> CapabilityProfile:
+    """Measure this device.
+
+    Parameters
+    ----------
+    trainer : Trainer or None
+        The job's trainer. When given (with x and y), ``train_samples_per_s`` is measured
+        with :meth:`Trainer.measure_throughput` (parameters left unchanged) and
+        ``model_hash`` is its ``spec_hash``; when None, both are left out.
+    x, y : numpy.ndarray, optional
+        Local training data, (n, input_dim) float32 and (n,) int64.
+
+    Returns
+    -------
+    CapabilityProfile
+        ``cores`` (``os.cpu_count()``, logical), ``memory_bytes`` (total RAM),
+        ``accelerator`` (``"cuda:<name>"`` or None), ``platform``
+        (``platform.platform()``), and the trainer-derived fields above.
+
+    Raises
+    ------
+    DataError
+        ``x``/``y`` do not fit the trainer's model, or are empty.
+
+    """
+    profile: CapabilityProfile = {
+        "cores": os.cpu_count() or 1,
+        "memory_bytes": int(psutil.virtual_memory().total),
+        "accelerator": accelerator_name(),
+        "platform": platform.platform(),
+    }
+    if trainer is not None:
+        profile["model_hash"] = trainer.spec_hash
+        if x is not None and y is not None:
+            profile["train_samples_per_s"] = trainer.measure_throughput(x, y)
+    return profile

@@ -1,0 +1,143 @@
+"""The agent's REST client for the coordinator (API v1 of :mod:`meshfl.contract`).
+
+The one place where the agent talks HTTP: httpx's transport errors become
+:class:`~meshfl.errors.CoordinatorUnreachable`, a refusal (4xx) becomes
+:class:`~meshfl.errors.CoordinatorError` carrying the coordinator's one-line reason.
+Transient failures (connection errors, 5xx) are retried with jittered exponential
+backoff up to ``retry_s`` seconds; a refusal is never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, cast
+
+import httpx
+
+from meshfl.contract import (
+    API_PREFIX,
+    Assignment,
+    CapabilityProfile,
+    DeviceDone,
+    EnrolRequest,
+    EnrolResponse,
+    RoundMetrics,
+)
+from meshfl.errors import CoordinatorError, CoordinatorUnreachable
+
+__all__ = ["CoordinatorClient"]
+
+log = logging.getLogger("meshfl.agent.rest")
+
+
+class CoordinatorClient:
+    """A device's client of the coordinator.
+
+    Parameters
+    ----------
+    url
+        Base URL of the coordinator, e.g. ``http://10.0.0.5:8080``.
+    retry_s
+        How long (seconds, default 30) transient failures are retried before
+        :class:`~meshfl.errors.CoordinatorUnreachable` is raised.
+    transport
+        An httpx transport for tests (``httpx.MockTransport`` or an ASGI transport).
+
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        retry_s: float = 30.0,
+        timeout_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            from meshfl.errors import ConfigError
+
+            raise ConfigError(
+                f"coordinator URL {url!r} must start with http:// or https://"
+                " (e.g. --coordinator http://127.0.0.1:8080)"
+            )
+        self.url = url.rstrip("/")
+        self.retry_s = retry_s
+        self.device_token: str | None = None
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX, timeout=timeout_s, transport=transport
+        )
+
+    def close(self) -> None:
+        """Close the underlying connection pool."""
+        self._http.close()
+
+    # -- requests ---------------------------------------------------------------------
+
+    def enrol(self, token: str, name: str, profile: CapabilityProfile) -> EnrolResponse:
+        """Enrol with the fleet's enrolment token; keeps the device token for later calls."""
+        body: EnrolRequest = {"token": token, "name": name, "profile": profile}
+        reply = cast(EnrolResponse, self._request("POST", "/devices/enrol", json=body))
+        self.device_token = reply["device_token"]
+        return reply
+
+    def put_profile(self, device_id: str, profile: CapabilityProfile) -> None:
+        """Report a (re)measured capability profile."""
+        self._request("PUT", f"/devices/{device_id}/profile", json=profile)
+
+    def assignment(self, device_id: str) -> Assignment | None:
+        """The device's current job assignment, or ``None`` when there is none."""
+        reply = self._request("GET", f"/devices/{device_id}/assignment")
+        return None if reply is None else cast(Assignment, reply)
+
+    def post_metrics(self, job_id: str, metrics: RoundMetrics) -> None:
+        """Report one round's metrics (idempotent: a retried post is ignored)."""
+        self._request("POST", f"/jobs/{job_id}/metrics", json=metrics)
+
+    def post_done(self, job_id: str, done: DeviceDone) -> None:
+        """Report that this device finished the job."""
+        self._request("POST", f"/jobs/{job_id}/done", json=done)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, json: Any = None) -> Any:
+        headers = {}
+        if self.device_token is not None:
+            headers["Authorization"] = f"Bearer {self.device_token}"
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.2
+        while True:
+            try:
+                response = self._http.request(method, path, json=json, headers=headers)
+            except httpx.TransportError as exc:
+                problem = f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
+            else:
+                if response.status_code == 204:
+                    return None
+                if response.is_success:
+                    return response.json()
+                if response.status_code < 500:
+                    raise CoordinatorError(
+                        f"coordinator refused {method} {path}: {_detail(response)}"
+                    )
+                problem = f"coordinator error {response.status_code}: {_detail(response)}"
+            if time.monotonic() >= deadline:
+                raise CoordinatorUnreachable(
+                    f"{problem}; check the URL given to --coordinator and that"
+                    " `meshfl coordinator serve` is running"
+                )
+            log.warning("%s; retrying in %.1f s", problem, delay)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:200] or response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        return detail if isinstance(detail, str) else str(detail)[:300]
+    return str(body)[:200]

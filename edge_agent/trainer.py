@@ -1,0 +1,243 @@
+"""Local training of the job's model: the only module of ``edge_agent`` that imports torch.
+
+Plain minibatch SGD (W1: learning rate 0.1, batch 32, one local epoch per round), with the
+shuffling drawn from a per-device ``torch.Generator`` so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from torch import nn
+
+from meshfl.contract import ModelSpec
+from meshfl.errors import ConfigError, DataError
+from models.arrays import load_arrays, spec_hash, to_arrays
+from models.data import check_model_fit
+from models.zoo import build_model
+
+__all__ = ["TrainResult", "Trainer", "accelerator_name"]
+
+_EVAL_CHUNK = 4096  # samples per forward pass in evaluate()
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """One call of :meth:`Trainer.train`: mean per-sample loss, samples processed, seconds."""
+
+    loss: float
+    samples: int  # len(x) × local_epochs
+    seconds: float  # wall-clock
+
+
+def accelerator_name() -> str | None:
+    """``"cuda:<device name>"`` when torch sees a CUDA device, else None."""
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)}"
+    return None
+
+
+def _positive(name: str, value: float, integer: bool) -> None:
+    bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad_type or (integer and not isinstance(value, int)) or not value > 0:
+        raise ConfigError(f"{name} must be a positive {'integer' if integer else 'number'}")
+
+
+class Trainer:
+    """The job's model on this device, trained with plain SGD on the CPU.
+
+    Parameters
+    ----------
+    spec : ModelSpec
+        The job's model, built by :func:`models.zoo.build_model`.
+    seed : int
+        Initialisation seed: every device with the same spec and seed starts identical.
+    learning_rate : float
+        SGD step size (> 0), no momentum, no weight decay.
+    batch_size : int
+        Samples per minibatch (≥ 1); the last minibatch of an epoch may be smaller.
+    local_epochs : int
+        Passes over the local data per :meth:`train` call (≥ 1).
+    threads : int, default 1
+        ``torch.set_num_threads`` (process-wide).
+    data_seed : int, optional
+        Seed of this device's shuffling generator; None uses ``seed``. Give each device its
+        own (e.g. ``seed + index``) for independent minibatch orders.
+
+    Raises
+    ------
+    ConfigError
+        A non-positive hyper-parameter or a bad model spec.
+
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        seed: int,
+        learning_rate: float,
+        batch_size: int,
+        local_epochs: int,
+        threads: int = 1,
+        data_seed: int | None = None,
+    ) -> None:
+        _positive("learning rate", learning_rate, integer=False)
+        _positive("batch size", batch_size, integer=True)
+        _positive("local epochs", local_epochs, integer=True)
+        _positive("threads", threads, integer=True)
+        torch.set_num_threads(threads)
+        self.spec = spec
+        self.learning_rate = float(learning_rate)
+        self.batch_size = batch_size
+        self.local_epochs = local_epochs
+        self._model = build_model(spec, seed)
+        self._generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
+        self._loss = nn.CrossEntropyLoss()
+
+    @property
+    def spec_hash(self) -> str:
+        """sha256 of the model's tensor names, shapes and dtypes (see ``models.arrays``)."""
+        return spec_hash(self._model)
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Return copies of the parameters, ordered by ``state_dict``, float32."""
+        return to_arrays(self._model)
+
+    def set_params(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Replace the parameters; ConfigError names a missing, extra or mis-shaped tensor."""
+        load_arrays(self._model, arrays)
+
+    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        check_model_fit(x, y, self.spec)
+        if len(y) == 0:
+            raise DataError("device data holds no samples; give the device a non-empty data file")
+        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
+        return xt, yt
+
+    def _epoch(
+        self, xt: torch.Tensor, yt: torch.Tensor, generator: torch.Generator, max_batches: int
+    ) -> tuple[float, int]:
+        order = torch.randperm(len(yt), generator=generator)
+        total, seen = 0.0, 0
+        for batch in torch.split(order, self.batch_size)[:max_batches]:
+            loss = self._loss(self._model(xt[batch]), yt[batch])
+            self._model.zero_grad(set_to_none=True)
+            loss.backward()
+            with torch.no_grad():
+                for p in self._model.parameters():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-self.learning_rate)
+            total += float(loss.detach()) * len(batch)
+            seen += len(batch)
+        return total, seen
+
+    def train(self, x: np.ndarray, y: np.ndarray) -> TrainResult:
+        """Run ``local_epochs`` epochs of shuffled-minibatch SGD on (x, y), in place.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Features, (n, input_dim), cast to float32.
+        y : numpy.ndarray
+            Labels, (n,), integers in [0, num_classes).
+
+        Returns
+        -------
+        TrainResult
+            Mean cross-entropy over every sample processed (before each step's update),
+            ``n × local_epochs`` samples, wall-clock seconds.
+
+        Raises
+        ------
+        DataError
+            Empty data, a width other than ``input_dim``, or a label ≥ ``num_classes``.
+
+        """
+        xt, yt = self._tensors(x, y)
+        self._model.train()
+        start = time.perf_counter()
+        total, seen = 0.0, 0
+        for _ in range(self.local_epochs):
+            epoch_total, epoch_seen = self._epoch(xt, yt, self._generator, len(yt))
+            total, seen = total + epoch_total, seen + epoch_seen
+        return TrainResult(total / seen, seen, time.perf_counter() - start)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """Return (accuracy in [0, 1], mean cross-entropy) on (x, y); DataError when empty."""
+        if len(y) == 0:
+            raise DataError("the test set holds no samples; give the job a non-empty test file")
+        xt, yt = self._tensors(x, y)
+        self._model.eval()
+        correct, loss = 0, 0.0
+        with torch.no_grad():
+            for start in range(0, len(yt), _EVAL_CHUNK):
+                logits = self._model(xt[start : start + _EVAL_CHUNK])
+                labels = yt[start : start + _EVAL_CHUNK]
+                loss += float(self._loss(logits, labels)) * len(labels)
+                correct += int((logits.argmax(dim=1) == labels).sum())
+        self._model.train()
+        return correct / len(yt), loss / len(yt)
+
+    def measure_throughput(self, x: np.ndarray, y: np.ndarray, batches: int = 20) -> float:
+        """Training speed in samples per second on the job's model and batch size.
+
+        Times ``batches`` SGD steps (after one untimed warm-up step) on minibatches of
+        (x, y), then restores the parameters; the shuffling generator of :meth:`train` is
+        not advanced, so measuring does not change later training.
+        """
+        _positive("batches", batches, integer=True)
+        xt, yt = self._tensors(x, y)
+        saved = self.params()
+        generator = torch.Generator().manual_seed(0)
+        try:
+            self._model.train()
+            self._epoch(xt, yt, generator, 1)
+            per_epoch = math.ceil(len(yt) / self.batch_size)
+            done, samples, start = 0, 0, time.perf_counter()
+            while done < batches:
+                _, seen = self._epoch(xt, yt, generator, batches - done)
+                done += min(batches - done, per_epoch)
+                samples += seen
+            seconds = time.perf_counter() - start
+        finally:
+            self.set_params(saved)
+        return samples / max(seconds, 1e-9)
+
+    def save(self, path: Path) -> None:
+        """Write the model atomically: ``path`` (torch ``state_dict``) and its ``.npz`` twin.
+
+        ``path`` is written with ``torch.save`` (load with ``weights_only=True``); the same
+        arrays go to ``path.with_suffix(".npz")`` (``path + ".npz"`` when ``path`` already
+        ends in ``.npz``). Each file is written to a temporary name and renamed.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        npz = path.with_suffix(".npz") if path.suffix != ".npz" else Path(f"{path}.npz")
+        state = {k: v.detach().clone() for k, v in self._model.state_dict().items()}
+        _atomic_write(path, lambda handle: torch.save(state, handle))
+        arrays = self.params()
+        _atomic_write(npz, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

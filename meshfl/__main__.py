@@ -1,0 +1,3 @@
+from meshfl.cli import main
+
+main()

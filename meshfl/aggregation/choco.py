@@ -1,0 +1,184 @@
+"""CHOCO-SGD / CHOCO-Gossip: gossip with compressed replica differences.
+
+Koloskova, Stich, Jaggi, "Decentralized Stochastic Optimization and Gossip Algorithms
+with Compressed Communication", ICML 2019, Algorithm 1 (CHOCO-Gossip) and Algorithm 2
+(CHOCO-SGD). Node ``i`` keeps public replicas x̂_i of itself and x̂_j of each neighbour,
+all starting at zero. Each round::
+
+    q_i   = C(x_i − x̂_i)                         (outgoing, per tensor)
+    x̂_i  ← x̂_i + q_i,   x̂_j ← x̂_j + q_j          (outgoing / incoming)
+    x_i   ← x_i + γ Σ_{j ∈ answered} w_ij (x̂_j − x̂_i)   (mix)
+
+The decoded q is applied, so sender and receivers hold bit-identical replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from meshfl.aggregation._model import (
+    check_answered,
+    check_model,
+    check_weights,
+    decode_entries,
+    layout_of,
+)
+from meshfl.codecs import Codec
+from meshfl.errors import ConfigError
+from meshfl.wire import DType, TensorEntry
+
+__all__ = ["ChocoGossip"]
+
+
+class ChocoGossip:
+    """The CHOCO state of one device: its own and its neighbours' public replicas.
+
+    Parameters
+    ----------
+    params : Mapping[str, np.ndarray]
+        The model layout (ordered tensor names and shapes; float32), and the shared
+        starting point x⁰ when ``shared_start`` is set.
+    neighbours : Mapping[str, float]
+        Neighbour id → mixing weight w_ij (a row of W, e.g. Metropolis–Hastings).
+    self_weight : float
+        w_ii; with the neighbour weights it must sum to 1 (±1e-6), all ``>= 0``.
+    consensus_step : float
+        γ in (0, 1]. γ = 1 with a lossless codec is D-PSGD; a codec of density δ needs
+        a smaller γ (the paper's γ* = ρ²δ / (16ρ + ρ² + 4β² + 2ρβ² − 8ρδ), Theorem 2).
+    codec : Codec
+        Compressor C for the outgoing differences (e.g. ``TopK(0.1)``).
+    shared_start : bool, default False
+        Start every replica at ``params`` instead of zero. Valid when every device
+        starts from the same x⁰ (the same model seed), which then costs no bytes to
+        agree on: the replicas are exact from round one and the compressed channel
+        only has to carry what training changed. With ``False`` the first rounds spend
+        their bytes transmitting x⁰ itself (the paper's x̂⁰ = 0).
+
+    Raises
+    ------
+    ConfigError
+        If a weight is negative or non-finite, the weights do not sum to 1, γ is outside
+        (0, 1], or a tensor is not floating.
+
+    """
+
+    message_kind: ClassVar[int] = 1  # meshfl.wire.MessageKind.DELTA
+    __slots__ = ("_codec", "_gamma", "_layout", "_own", "_replicas", "_weights")
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        neighbours: Mapping[str, float],
+        self_weight: float,
+        consensus_step: float,
+        codec: Codec,
+        shared_start: bool = False,
+    ) -> None:
+        if isinstance(consensus_step, bool) or not (
+            isinstance(consensus_step, (int, float)) and 0.0 < consensus_step <= 1.0
+        ):
+            raise ConfigError(f"consensus step γ must be in (0, 1], got {consensus_step!r}")
+        if not isinstance(codec, Codec):
+            raise ConfigError(f"codec must be a meshfl Codec, got {type(codec).__name__}")
+        self._weights = check_weights(neighbours, self_weight)
+        self._layout = layout_of(params)
+        self._gamma = float(consensus_step)
+        self._codec = codec
+
+        def start() -> list[np.ndarray]:
+            if shared_start:
+                return [np.array(params[name], dtype=np.float32) for name, _ in self._layout]
+            return [np.zeros(shape, dtype=np.float32) for _, shape in self._layout]
+
+        self._own = start()
+        self._replicas = {peer: start() for peer in self._weights}
+
+    @property
+    def codec(self) -> Codec:
+        """The codec used for outgoing differences."""
+        return self._codec
+
+    def outgoing(self, x: Mapping[str, np.ndarray]) -> tuple[TensorEntry, ...]:
+        """Compress ``x − x̂_i`` per tensor, advance x̂_i by the decoded message, return it.
+
+        Parameters
+        ----------
+        x : Mapping[str, np.ndarray]
+            The current model (after local steps), same names/shapes as ``params``.
+
+        Returns
+        -------
+        tuple of TensorEntry
+            One FLOAT32 entry per tensor, in model order, codec tag ``codec.tag``.
+
+        Raises
+        ------
+        ConfigError
+            If ``x`` does not match the model layout.
+        CodecError
+            If a difference holds NaN/inf; the state is then unchanged.
+
+        """
+        tensors = check_model(x, self._layout)
+        payloads = [self._codec.encode(t - r) for t, r in zip(tensors, self._own, strict=True)]
+        decoded = [
+            self._codec.decode(p, shape)
+            for p, (_, shape) in zip(payloads, self._layout, strict=True)
+        ]
+        for replica, q in zip(self._own, decoded, strict=True):
+            replica += q
+        return tuple(
+            TensorEntry(name, shape, DType.FLOAT32, self._codec.tag, payload)
+            for (name, shape), payload in zip(self._layout, payloads, strict=True)
+        )
+
+    def incoming(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
+        """Apply a neighbour's compressed difference: x̂_j ← x̂_j + decode(q_j).
+
+        Any registered codec is accepted (neighbours may use different codecs). The
+        caller guarantees exactly-once delivery; a late message is still applied.
+
+        Raises
+        ------
+        WireError
+            If ``sender`` is not a neighbour or names/shapes/dtypes differ from the model.
+        CodecError
+            If a payload does not decode. On any error the state is unchanged.
+
+        """
+        decoded = decode_entries(sender, tensors, self._layout, self._weights)
+        for replica, q in zip(self._replicas[sender], decoded, strict=True):
+            replica += q
+
+    def mix(self, x: Mapping[str, np.ndarray], answered: Collection[str]) -> dict[str, np.ndarray]:
+        """Consensus step x_i + γ Σ_{j ∈ answered} w_ij (x̂_j − x̂_i).
+
+        A neighbour not in ``answered`` gets w_ij = 0 this round (its weight stays on
+        the self weight), so the step stays a convex combination. Accumulates in float64.
+
+        Returns
+        -------
+        dict of str to np.ndarray
+            The new float32 model, same names/shapes; ``x`` is not modified.
+
+        Raises
+        ------
+        ConfigError
+            If ``x`` does not match the layout or ``answered`` holds a non-neighbour.
+
+        """
+        tensors = check_model(x, self._layout)
+        peers = check_answered(answered, self._weights)
+        ordered = [peer for peer in self._weights if peer in peers]  # deterministic sum order
+        out: dict[str, np.ndarray] = {}
+        for t, ((name, _), own) in enumerate(zip(self._layout, self._own, strict=True)):
+            acc = np.zeros(own.shape, dtype=np.float64)
+            for peer in ordered:
+                acc += self._weights[peer] * (
+                    self._replicas[peer][t].astype(np.float64) - own.astype(np.float64)
+                )
+            out[name] = (tensors[t] + self._gamma * acc).astype(np.float32)
+        return out

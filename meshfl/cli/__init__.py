@@ -1,0 +1,68 @@
+"""The ``meshfl`` command line (typer + rich): the composition root.
+
+Sub-commands import their application package lazily, so ``meshfl coordinator serve``
+works in an install without torch and ``meshfl agent run`` in one without FastAPI.
+A :class:`~meshfl.errors.MeshflError` ends the command with its one-line message and
+a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from meshfl.cli.agent import agent_app
+from meshfl.cli.job import job_app
+from meshfl.cli.local import local
+from meshfl.cli.servers import broker_app, coordinator_app
+from meshfl.errors import MeshflError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="meshfl",
+    help="Decentralized, compressed, private federated learning over MQTT.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(agent_app, name="agent")
+app.add_typer(coordinator_app, name="coordinator")
+app.add_typer(broker_app, name="broker")
+app.add_typer(job_app, name="job")
+app.command("local")(local)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``meshfl`` console script."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except MeshflError as exc:
+        print(f"meshfl: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("meshfl: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click's usage errors arrive here too
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            print("meshfl: interrupted", file=sys.stderr)
+            sys.exit(130)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+def setup_logging(verbose: bool = False, prefix: str = "") -> None:
+    """Log to stderr in one plain line per record."""
+    fmt = "%(asctime)s " + (f"[{prefix}] " if prefix else "") + "%(levelname)s %(message)s"
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format=fmt, stream=sys.stderr
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)

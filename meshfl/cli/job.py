@@ -1,0 +1,130 @@
+"""``meshfl job``: start a job on a running coordinator and follow it (operator commands)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from meshfl.local.run import DEFAULTS
+
+job_app = typer.Typer(
+    help="Create, start, follow and stop jobs (admin token).", no_args_is_help=True
+)
+
+Coordinator = Annotated[str, typer.Option(envvar="MESHFL_COORDINATOR", help="Coordinator URL.")]
+AdminToken = Annotated[
+    str, typer.Option(envvar="MESHFL_ADMIN_TOKEN", help="The coordinator's admin token.")
+]
+
+
+@job_app.command("start")
+def start(
+    coordinator: Coordinator,
+    admin_token: AdminToken,
+    devices: Annotated[int, typer.Option(help="Devices the job needs (0: all enrolled).")] = 0,
+    input_dim: Annotated[int, typer.Option(help="Features per sample.")] = 64,
+    num_classes: Annotated[int, typer.Option(help="Number of classes.")] = 10,
+    hidden: Annotated[str, typer.Option(help="Hidden layer widths, comma-separated.")] = "64",
+    topology: Annotated[str, typer.Option(help="ring, complete, star or exponential.")] = "ring",
+    algorithm: Annotated[str, typer.Option(help="choco or dpsgd.")] = "choco",
+    codec: Annotated[str, typer.Option(help="identity or topk:DENSITY.")] = DEFAULTS.codec,
+    consensus_step: Annotated[
+        float, typer.Option(help="CHOCO-SGD γ in (0, 1].")
+    ] = DEFAULTS.consensus_step,
+    rounds: Annotated[int, typer.Option(help="Rounds.")] = 30,
+    learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
+    batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
+    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 1,
+    deadline: Annotated[float, typer.Option(help="Round deadline (seconds).")] = 30.0,
+    test_data: Annotated[
+        str | None, typer.Option(help="Test file path on the devices (default: their own).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Model seed.")] = 0,
+    follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
+) -> None:
+    """Create a job and start it on the enrolled devices."""
+    from meshfl.local.admin import AdminClient
+
+    client = AdminClient(coordinator, admin_token)
+    spec = {
+        "name": f"{algorithm}-{codec}-{topology}",
+        "model": {
+            "name": "mlp",
+            "input_dim": input_dim,
+            "num_classes": num_classes,
+            "hidden": [int(h) for h in hidden.split(",") if h.strip()],
+        },
+        "algorithm": algorithm,
+        "codec": codec,
+        "topology": topology,
+        "rounds": rounds,
+        "learning_rate": learning_rate,
+        "batch_size": batch_size,
+        "local_epochs": local_epochs,
+        "consensus_step": consensus_step,
+        "round_deadline_s": deadline,
+        "max_payload_bytes": DEFAULTS.max_payload_bytes,
+        "seed": seed,
+        "devices": devices,
+        "test_data": test_data,
+        "sketch_dim": DEFAULTS.sketch_dim,
+    }
+    job = client.create_job(spec)  # type: ignore[arg-type]
+    job = client.start_job(job["job_id"])
+    typer.echo(f"job {job['job_id']} started on {len(job['devices'])} devices")
+    if follow:
+        _follow(client, job["job_id"])
+
+
+@job_app.command("status")
+def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
+    """Print a job's status, devices and rounds."""
+    from meshfl.local.admin import AdminClient
+
+    client = AdminClient(coordinator, admin_token)
+    job = client.job(job_id)
+    typer.echo(f"job {job_id}: {job['status']}")
+    for d in job["devices"]:
+        acc = "-" if d["final_accuracy"] is None else f"{d['final_accuracy']:.4f}"
+        typer.echo(
+            f"  {d['name']:<16} rounds {d['rounds_reported']:>3}  final accuracy {acc}"
+            f"  missing rounds {d['missing_rounds'] or '-'}"
+        )
+    for r in client.rounds(job_id):
+        typer.echo(_line(r))
+
+
+@job_app.command("stop")
+def stop(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
+    """Stop a running job; devices finish their current round and save their model."""
+    from meshfl.local.admin import AdminClient
+
+    job = AdminClient(coordinator, admin_token).stop_job(job_id)
+    typer.echo(f"job {job_id}: {job['status']}")
+
+
+def _follow(client: object, job_id: str) -> None:
+    from meshfl.local.admin import AdminClient
+
+    assert isinstance(client, AdminClient)
+    printed = 0
+    while True:
+        rounds = client.rounds(job_id)
+        for r in rounds[printed:]:
+            typer.echo(_line(r))
+        printed = len(rounds)
+        if client.job(job_id)["status"] != "running":
+            typer.echo(f"job {job_id}: {client.job(job_id)['status']}")
+            return
+        time.sleep(1.0)
+
+
+def _line(r: dict) -> str:  # type: ignore[type-arg]
+    cd = r["consensus_distance"]
+    return (
+        f"round {r['round']:>3}  mean acc {r['mean_accuracy']:.4f}  min acc"
+        f" {r['min_accuracy']:.4f}  consensus {'-' if cd is None else f'{cd:.3g}'}"
+        f"  sent {r['bytes_sent'] / 1e3:.1f} kB  devices {r['devices_reporting']}"
+    )

@@ -1,0 +1,163 @@
+"""``meshfl local``: the newcomer's first command and the benchmark harness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from meshfl.contract import RoundSummary
+from meshfl.local.run import DEFAULTS
+
+
+def local(
+    agents: Annotated[int, typer.Option(help="Number of agent processes.")] = 8,
+    rounds: Annotated[int, typer.Option(help="Gossip rounds.")] = 30,
+    dataset: Annotated[
+        str, typer.Option(help="'digits' (built in) or a .npz/.csv file to partition.")
+    ] = "digits",
+    topology: Annotated[str, typer.Option(help="ring, complete, star or exponential.")] = "ring",
+    algorithm: Annotated[str, typer.Option(help="choco (compressed) or dpsgd.")] = "choco",
+    codec: Annotated[
+        str, typer.Option(help="Codec spec: identity or topk:DENSITY.")
+    ] = DEFAULTS.codec,
+    consensus_step: Annotated[
+        float, typer.Option(help="CHOCO-SGD consensus step size γ in (0, 1].")
+    ] = DEFAULTS.consensus_step,
+    alpha: Annotated[float, typer.Option(help="Dirichlet α of the label-skew partition.")] = 0.5,
+    learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
+    batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
+    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 1,
+    deadline: Annotated[float, typer.Option(help="Round deadline in seconds.")] = 30.0,
+    broker: Annotated[
+        str | None, typer.Option(help="Use this broker (mqtt://HOST:PORT) instead of the embedded.")
+    ] = None,
+    label_column: Annotated[str, typer.Option(help="Label column of a CSV dataset.")] = "label",
+    seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = 0,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("meshfl-run"),
+) -> None:
+    """Run a whole fleet on this machine: broker, coordinator and agent processes."""
+    from rich.console import Console
+
+    from meshfl.local.run import LocalConfig, run_local
+
+    config = LocalConfig(
+        agents=agents,
+        rounds=rounds,
+        dataset=dataset,
+        alpha=alpha,
+        topology=topology,
+        algorithm=algorithm,
+        codec=codec,
+        consensus_step=consensus_step,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+        round_deadline_s=deadline,
+        broker=broker,
+        seed=seed,
+        out=out,
+        label_column=label_column,
+    )
+    console = Console()
+    console.print(
+        f"[bold]meshfl local[/]: {agents} agents, {algorithm} {codec}, {topology},"
+        f" {rounds} rounds on {dataset} → {out}/"
+    )
+    view = _RoundView(console)
+    try:
+        with view:
+            result = run_local(config, show=view.update)
+    finally:
+        view.close()
+    final = result.report["final"]
+    console.print(
+        f"final mean accuracy [bold]{final['mean_accuracy']:.4f}[/],"
+        f" minimum {final['min_accuracy']:.4f};"
+        f" {final['bytes_sent_total'] / 1e6:.3f} MB sent;"
+        f" {final['wall_s']:.1f} s"
+    )
+    for name, why in result.failed_agents.items():
+        console.print(f"[yellow]agent {name} failed: {why}[/]")
+    missing = [d for d in result.report["devices"] if d["missing_rounds"]]
+    for d in missing:
+        console.print(f"[yellow]{d['name']} missed rounds {_ranges(d['missing_rounds'])}[/]")
+    console.print(
+        f"report: {result.report_path}"
+        + (f", plot: {result.plot_path}" if result.plot_path else "")
+    )
+
+
+class _RoundView:
+    """A live per-round table on a terminal; one printed line per round otherwise."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.live: Any = None
+        self.printed = 0
+
+    def __enter__(self) -> _RoundView:
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self._table([]), console=self.console, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+            self.live = None
+
+    def update(self, rounds: list[RoundSummary]) -> None:
+        if self.live is not None:
+            self.live.update(self._table(rounds))
+            return
+        if self.printed == 0:
+            self.console.print("round mean_acc min_acc consensus sent_kB total_MB elapsed_s")
+        for r in rounds[self.printed :]:
+            self.console.print(" ".join(_cells(r, _total(rounds, r["round"]))), highlight=False)
+        self.printed = len(rounds)
+
+    def _table(self, rounds: list[RoundSummary]) -> Any:
+        from rich.table import Table
+
+        table = Table(title="rounds", header_style="bold")
+        for name in (
+            "round",
+            "mean acc",
+            "min acc",
+            "consensus dist",
+            "sent kB",
+            "total MB",
+            "elapsed s",
+        ):
+            table.add_column(name, justify="right")
+        for r in rounds[-40:]:
+            table.add_row(*_cells(r, _total(rounds, r["round"])))
+        return table
+
+
+def _total(rounds: list[RoundSummary], upto: int) -> int:
+    return sum(r["bytes_sent"] for r in rounds if r["round"] <= upto)
+
+
+def _cells(r: RoundSummary, total: int) -> list[str]:
+    cd = r["consensus_distance"]
+    return [
+        f"{r['round']:>3}",
+        f"{r['mean_accuracy']:.4f}",
+        f"{r['min_accuracy']:.4f}",
+        "-" if cd is None else f"{cd:.3g}",
+        f"{r['bytes_sent'] / 1e3:9.1f}",
+        f"{total / 1e6:8.3f}",
+        f"{r['elapsed_s']:7.1f}",
+    ]
+
+
+def _ranges(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values) if len(values) < 6 else f"{values[0]}–{values[-1]}"

@@ -1,0 +1,166 @@
+"""The codec interface: a tagged, stateless tensor compressor.
+
+A codec turns one float32 tensor into a self-describing payload (every parameter the
+decoder needs travels in the payload) and back. Error feedback, when a codec is biased,
+lives in the caller's state object, never in the codec (torch's PowerSGD hook keeps the
+same split).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from meshfl.errors import CodecError
+
+__all__ = ["Codec", "check_finite_float32", "check_shape"]
+
+
+def check_shape(shape: tuple[int, ...]) -> int:
+    """Validate a tensor shape and return its number of elements.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Dimensions, each a non-negative ``int``; ``()`` is a 0-d scalar (1 element).
+
+    Returns
+    -------
+    int
+        The element count ``prod(shape)``.
+
+    Raises
+    ------
+    CodecError
+        If a dimension is negative or not an integer.
+
+    """
+    if not isinstance(shape, tuple):
+        raise CodecError(f"shape must be a tuple of ints, got {type(shape).__name__}")
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 0:
+            raise CodecError(f"invalid tensor shape {shape!r}: dimensions must be ints >= 0")
+    return math.prod(int(d) for d in shape)
+
+
+def check_finite_float32(x: np.ndarray) -> np.ndarray:
+    """Return ``x`` as a C-contiguous little-endian float32 array, rejecting NaN/inf.
+
+    Parameters
+    ----------
+    x : np.ndarray
+        Any shape (0-d and empty included), a real floating dtype.
+
+    Returns
+    -------
+    np.ndarray
+        float32 ``'<f4'``, same shape, C order (a view when no conversion is needed).
+
+    Raises
+    ------
+    CodecError
+        If the dtype is not floating, or an element is NaN or infinite (also after the
+        cast to float32, so a float64 value beyond the float32 range is rejected).
+
+    """
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise CodecError(f"codecs encode floating tensors, got dtype {arr.dtype}")
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype="<f4")
+    if not bool(np.isfinite(out).all()):
+        raise CodecError("tensor contains NaN or inf; refusing to encode it")
+    return out
+
+
+class Codec(ABC):
+    """A tensor codec with a one-byte wire tag.
+
+    Subclasses set the class variables ``tag`` (u8, unique in
+    :data:`meshfl.codecs.CODECS`) and ``name`` (the spec keyword), and implement
+    :meth:`encode`, :meth:`decode`, :meth:`estimate_ratio` and :attr:`spec`.
+    Two codecs are equal when their specs are equal.
+    """
+
+    tag: ClassVar[int]
+    name: ClassVar[str]
+
+    @abstractmethod
+    def encode(self, x: np.ndarray) -> bytes:
+        """Compress one tensor.
+
+        Parameters
+        ----------
+        x : np.ndarray
+            float32 (other floating dtypes are cast), any shape including 0-d and empty.
+
+        Returns
+        -------
+        bytes
+            The payload; :meth:`decode` with ``x.shape`` rebuilds the (approximate) tensor.
+
+        Raises
+        ------
+        CodecError
+            If ``x`` holds NaN or inf or is not floating: such a tensor is never sent.
+
+        """
+
+    @classmethod
+    @abstractmethod
+    def decode(cls, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        """Rebuild a tensor from a payload, without the encoder's parameters.
+
+        Parameters
+        ----------
+        payload : bytes
+            Bytes produced by :meth:`encode` (untrusted: bounds-checked).
+        shape : tuple of int
+            The tensor's shape from the message manifest.
+
+        Returns
+        -------
+        np.ndarray
+            A fresh, writable float32 array of ``shape``.
+
+        Raises
+        ------
+        CodecError
+            If the payload is malformed, truncated, too long, or decodes to NaN/inf.
+            No other exception type escapes.
+
+        """
+
+    @abstractmethod
+    def estimate_ratio(self, numel: int) -> float:
+        """Return the expected compression ratio for a tensor of ``numel`` elements.
+
+        Parameters
+        ----------
+        numel : int
+            Number of elements (not bytes), ``>= 0``.
+
+        Returns
+        -------
+        float
+            ``4 * numel / payload_bytes`` (float32 bytes over payload bytes), computed
+            from sizes alone, without encoding anything.
+
+        """
+
+    @property
+    @abstractmethod
+    def spec(self) -> str:
+        """The spec string that :func:`meshfl.codecs.parse_codec` turns back into this codec."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Codec) and type(other) is type(self) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.spec))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"

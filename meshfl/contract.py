@@ -1,0 +1,230 @@
+"""The REST contract between agents, operators and the coordinator (API v1).
+
+These ``TypedDict`` shapes are the single source of the JSON bodies: the coordinator
+validates requests and documents its OpenAPI schema from them (pydantic accepts
+``TypedDict``), and the agent's client builds and reads them. Units are in the field
+names (``_s`` seconds, ``_bytes`` bytes).
+
+Endpoints (all under :data:`API_PREFIX`; *device* = ``Authorization: Bearer
+<device_token>``, *admin* = ``Authorization: Bearer <admin_token>``):
+
+=======  ==========================================  =======  ======================
+method   path                                        auth     body → response
+=======  ==========================================  =======  ======================
+POST     /devices/enrol                              token    EnrolRequest → EnrolResponse
+GET      /devices                                    admin    → list[DevicePublic]
+GET      /devices/{device_id}                        admin    → DevicePublic
+PUT      /devices/{device_id}/profile                device   CapabilityProfile → DevicePublic
+GET      /devices/{device_id}/assignment             device   → Assignment (204: none)
+POST     /jobs                                       admin    JobSpec → JobPublic
+GET      /jobs                                       admin    → list[JobPublic]
+GET      /jobs/{job_id}                              admin    → JobPublic
+POST     /jobs/{job_id}/start                        admin    → JobPublic
+POST     /jobs/{job_id}/stop                         admin    → JobPublic
+GET      /jobs/{job_id}/rounds                       admin    → list[RoundSummary]
+GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
+POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
+POST     /jobs/{job_id}/done                         device   DeviceDone → 204
+=======  ==========================================  =======  ======================
+
+``GET /healthz`` needs no auth.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from typing_extensions import NotRequired, TypedDict
+
+__all__ = [
+    "API_PREFIX",
+    "Assignment",
+    "CapabilityProfile",
+    "DeviceDone",
+    "DevicePublic",
+    "EnrolRequest",
+    "EnrolResponse",
+    "JobDevicePublic",
+    "JobPublic",
+    "JobSpec",
+    "JobStatus",
+    "ModelSpec",
+    "Neighbour",
+    "RoundMetrics",
+    "RoundSummary",
+    "TopologyPublic",
+]
+
+API_PREFIX = "/api/v1"
+
+JobStatus = Literal["created", "running", "completed", "stopped"]
+
+
+class CapabilityProfile(TypedDict, total=False):
+    """What a device measured about itself (all fields optional)."""
+
+    cores: int
+    memory_bytes: int
+    accelerator: str | None
+    platform: str
+    train_samples_per_s: float  # measured on the job's model and batch size
+    model_hash: str
+
+
+class EnrolRequest(TypedDict):
+    """Body of ``POST /devices/enrol``: the fleet's enrolment token and a device name."""
+
+    token: str
+    name: str
+    profile: NotRequired[CapabilityProfile]
+
+
+class EnrolResponse(TypedDict):
+    """The identity a device receives at enrolment."""
+
+    device_id: str
+    device_token: str
+    fleet: str
+    broker_url: str | None
+
+
+class DevicePublic(TypedDict):
+    """A device as operators see it."""
+
+    device_id: str
+    name: str
+    fleet: str
+    profile: CapabilityProfile
+    enrolled_at: float  # unix seconds
+    last_seen: float  # unix seconds
+
+
+class ModelSpec(TypedDict):
+    """Which model to train; agents build it from the model zoo by ``name``."""
+
+    name: str  # "mlp"
+    input_dim: int
+    num_classes: int
+    hidden: list[int]
+
+
+class JobSpec(TypedDict):
+    """Everything a device needs to run its part of a job.
+
+    ``codec`` is a codec spec string (``identity``, ``topk:0.1``); ``topology`` one of
+    ``ring``, ``complete``, ``star``, ``exponential``; ``consensus_step`` is CHOCO-SGD's
+    γ (ignored by D-PSGD); ``devices`` is how many enrolled devices the job needs (0: all
+    enrolled devices at start); ``test_data`` is a path each device resolves locally
+    (``None``: the device evaluates on the ``x_test``/``y_test`` arrays of its own file);
+    ``sketch_dim`` is the size of the count sketch used to estimate consensus distance
+    (0 disables it).
+    """
+
+    name: str
+    model: ModelSpec
+    algorithm: Literal["choco", "dpsgd"]
+    codec: str
+    topology: str
+    rounds: int
+    learning_rate: float
+    batch_size: int
+    local_epochs: int
+    consensus_step: float
+    round_deadline_s: float
+    max_payload_bytes: int
+    seed: int
+    devices: int
+    test_data: str | None
+    sketch_dim: int
+
+
+class Neighbour(TypedDict):
+    """One neighbour of a device and its mixing weight w_ij."""
+
+    device_id: str
+    weight: float
+
+
+class Assignment(TypedDict):
+    """A device's part in a running job: its neighbours and mixing weights (row i of W)."""
+
+    job_id: str
+    fleet: str
+    status: JobStatus
+    spec: JobSpec
+    index: int
+    self_weight: float
+    neighbours: list[Neighbour]
+
+
+class RoundMetrics(TypedDict):
+    """What a device reports after each round (``POST /jobs/{id}/metrics``; idempotent)."""
+
+    round: int
+    accuracy: float
+    loss: float
+    bytes_sent: int  # payload bytes published this round, chunk headers included
+    bytes_received: int  # payload bytes delivered to the device this round
+    missing: list[str]  # neighbours whose delta did not arrive before the deadline
+    sketch: list[float]  # count sketch of the model, for the consensus-distance estimate
+    train_s: float
+    round_s: float
+
+
+class DeviceDone(TypedDict):
+    """What a device reports when it finished the job."""
+
+    final_accuracy: float
+    bytes_sent: int
+    bytes_received: int
+    model_path: str
+
+
+class RoundSummary(TypedDict):
+    """One round aggregated over the devices that reported it."""
+
+    round: int
+    mean_accuracy: float
+    min_accuracy: float
+    consensus_distance: float | None
+    bytes_sent: int
+    bytes_received: int
+    elapsed_s: float  # since the job started, by the coordinator's clock
+    devices_reporting: int
+    missing_devices: list[str]
+
+
+class JobDevicePublic(TypedDict):
+    """One device's part in a job, as operators see it."""
+
+    device_id: str
+    name: str
+    index: int
+    rounds_reported: int
+    missing_rounds: list[int]
+    final_accuracy: float | None
+    bytes_sent: int
+    bytes_received: int
+    done: bool
+
+
+class TopologyPublic(TypedDict):
+    """The job's graph: edges, the mixing matrix W (row-major, by device index)."""
+
+    kind: str
+    devices: list[str]
+    edges: list[tuple[int, int]]
+    mixing_matrix: list[list[float]]
+    spectral_gap: float
+
+
+class JobPublic(TypedDict):
+    """A job as operators see it."""
+
+    job_id: str
+    status: JobStatus
+    spec: JobSpec
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    devices: list[JobDevicePublic]

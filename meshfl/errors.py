@@ -1,0 +1,97 @@
+"""The meshfl exception tree.
+
+Every error meshfl raises on purpose derives from :class:`MeshflError`; third-party
+errors (paho return codes, httpx transport errors, SQLAlchemy integrity errors) are
+translated into this tree at the one place that talks to the library::
+
+    MeshflError
+    ├── ConfigError            bad user input: options, files, specs (exit code 2)
+    │   ├── DataError          a missing, empty or malformed data file, wrong shape
+    │   └── CodecSpecError     an invalid codec spec string
+    ├── WireError              bytes that are not a valid meshfl message
+    │   ├── ChecksumError      a chunk or envelope whose CRC-32 does not match
+    │   └── VersionError       a wire version this build does not speak
+    ├── CodecError             a tensor that cannot be encoded/decoded (NaN, inf, bad payload)
+    ├── TopologyError          a graph or mixing matrix that violates an invariant
+    ├── TransportError         the broker cannot be reached or refused us (transient or not)
+    │   └── BrokerUnreachable  the broker did not answer at all
+    └── CoordinatorError       the coordinator refused a request or cannot be reached
+        └── CoordinatorUnreachable
+
+The CLI prints ``str(error)`` as one line and exits non-zero; it never shows a
+traceback for a :class:`MeshflError`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnreachable",
+    "ChecksumError",
+    "CodecError",
+    "CodecSpecError",
+    "ConfigError",
+    "CoordinatorError",
+    "CoordinatorUnreachable",
+    "DataError",
+    "MeshflError",
+    "TopologyError",
+    "TransportError",
+    "VersionError",
+    "WireError",
+]
+
+
+class MeshflError(Exception):
+    """Base class of every error meshfl raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(MeshflError):
+    """Bad user input: an option, a file or a spec. The message names the fix."""
+
+    exit_code = 2
+
+
+class DataError(ConfigError):
+    """A data file that is missing, empty, malformed, or of the wrong shape for the model."""
+
+
+class CodecSpecError(ConfigError):
+    """A codec spec string that does not parse; the message lists the valid forms."""
+
+
+class WireError(MeshflError):
+    """Bytes that are not a valid meshfl wire message (truncated, oversized, garbage)."""
+
+
+class ChecksumError(WireError):
+    """A chunk or an envelope whose CRC-32 does not match its contents."""
+
+
+class VersionError(WireError):
+    """A message in a wire version this build does not speak."""
+
+
+class CodecError(MeshflError):
+    """A tensor that cannot be encoded (NaN/inf input) or a payload that cannot be decoded."""
+
+
+class TopologyError(MeshflError):
+    """A graph or mixing matrix that violates an invariant (disconnected, not stochastic)."""
+
+
+class TransportError(MeshflError):
+    """The MQTT broker refused an operation or the connection failed."""
+
+
+class BrokerUnreachable(TransportError):
+    """The MQTT broker did not answer at the given address."""
+
+
+class CoordinatorError(MeshflError):
+    """The coordinator refused a request (the message carries its reason)."""
+
+
+class CoordinatorUnreachable(CoordinatorError):
+    """The coordinator did not answer at the given URL."""

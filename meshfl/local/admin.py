@@ -1,0 +1,71 @@
+"""A small operator client of the coordinator's REST API (admin token)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import httpx
+
+from meshfl.contract import API_PREFIX, DevicePublic, JobPublic, JobSpec, RoundSummary
+from meshfl.errors import CoordinatorError, CoordinatorUnreachable
+
+__all__ = ["AdminClient"]
+
+
+class AdminClient:
+    """Operator calls: list devices, create/start/stop jobs, read rounds."""
+
+    def __init__(self, url: str, admin_token: str, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX,
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {admin_token}"},
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def devices(self) -> list[DevicePublic]:
+        """Every enrolled device."""
+        return cast(list[DevicePublic], self._call("GET", "/devices"))
+
+    def create_job(self, spec: JobSpec) -> JobPublic:
+        """Create a job (status ``created``)."""
+        return cast(JobPublic, self._call("POST", "/jobs", json=spec))
+
+    def start_job(self, job_id: str) -> JobPublic:
+        """Start a job: pick devices, build the topology, assign work."""
+        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/start"))
+
+    def stop_job(self, job_id: str) -> JobPublic:
+        """Stop a running job."""
+        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/stop"))
+
+    def job(self, job_id: str) -> JobPublic:
+        """A job's status and per-device progress."""
+        return cast(JobPublic, self._call("GET", f"/jobs/{job_id}"))
+
+    def rounds(self, job_id: str) -> list[RoundSummary]:
+        """Per-round aggregates of a job."""
+        return cast(list[RoundSummary], self._call("GET", f"/jobs/{job_id}/rounds"))
+
+    def topology(self, job_id: str) -> dict[str, Any]:
+        """The job's graph, mixing matrix and spectral gap."""
+        return cast(dict[str, Any], self._call("GET", f"/jobs/{job_id}/topology"))
+
+    def _call(self, method: str, path: str, json: Any = None) -> Any:
+        try:
+            response = self._http.request(method, path, json=json)
+        except httpx.TransportError as exc:
+            raise CoordinatorUnreachable(
+                f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
+            ) from None
+        if not response.is_success:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise CoordinatorError(f"{method} {path} failed ({response.status_code}): {detail}")
+        return None if response.status_code == 204 else response.json()

@@ -1,0 +1,114 @@
+"""Supervise the processes of a local fleet: broker, coordinator and agents.
+
+Every child runs in its own session (so a Ctrl-C reaches only the launcher, which
+then stops the children in order) and writes its output to ``DIR/logs/NAME.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshfl.errors import MeshflError
+
+__all__ = ["Child", "Supervisor", "free_port", "wait_for_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, alive: Child | None = None) -> None:
+    """Wait until ``host:port`` accepts TCP connections.
+
+    Raises
+    ------
+    MeshflError
+        The port did not open within ``timeout_s`` seconds, or ``alive`` exited first.
+
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if alive is not None and alive.returncode is not None:
+            raise MeshflError(f"{alive.name} exited during start-up: {alive.last_line()}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise MeshflError(f"nothing answered on {host}:{port} after {timeout_s:.0f} s")
+
+
+@dataclass
+class Child:
+    """One supervised child process and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code, or ``None`` while it runs."""
+        return self.process.poll()
+
+    def last_line(self) -> str:
+        """The last non-empty line of its log (the error a failed child printed)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return lines[-1].strip() if lines else f"exit code {self.returncode}, empty log"
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` if it still runs."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, sig)
+
+
+@dataclass
+class Supervisor:
+    """Starts ``python -m meshfl ...`` children and stops them all in reverse order."""
+
+    log_dir: Path
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
+        """Start ``python -m meshfl ARGS`` as child ``name``."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "meshfl", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every child (agents first), then SIGKILL what is left after ``grace_s``."""
+        for child in reversed(self.children):
+            child.stop(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in reversed(self.children):
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.stop(signal.SIGKILL)
+                child.process.wait()

@@ -1,0 +1,56 @@
+"""Wire format v1: envelopes, their byte layout, chunking, reassembly and MQTT topics.
+
+- :mod:`meshfl.wire.envelope` — :class:`Envelope`, :class:`TensorEntry`, :class:`DType`,
+  :class:`MessageKind`: what a gossip message carries.
+- :mod:`meshfl.wire.serde` — the only module that knows the bytes
+  (:func:`encode_envelope` / :func:`decode_envelope`, chunk frames).
+- :mod:`meshfl.wire.chunking` — :func:`split_message`, :func:`pack_message` and the
+  bounded :class:`Reassembler`.
+- :mod:`meshfl.wire.topics` — the ``meshfl/v1/...`` topic scheme and :func:`validate_id`.
+
+Sending: ``for chunk in pack_message(env, max_payload): publish(delta_topic(...), chunk)``.
+Receiving: ``msg = reassembler.feed(payload)``; if not ``None``, ``decode_envelope(msg)``.
+Malformed input raises :class:`~meshfl.errors.WireError` and nothing else. See docs/wire.md.
+"""
+
+from meshfl.wire.chunking import (
+    DEFAULT_MAX_PAYLOAD,
+    Reassembler,
+    ReassemblyStats,
+    pack_message,
+    split_message,
+)
+from meshfl.wire.envelope import DType, Envelope, MessageKind, TensorEntry, new_message_id
+from meshfl.wire.serde import WIRE_VERSION, decode_envelope, encode_envelope
+from meshfl.wire.topics import (
+    TopicInfo,
+    control_topic,
+    delta_topic,
+    inbox_topic,
+    parse_topic,
+    status_topic,
+    validate_id,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "WIRE_VERSION",
+    "DType",
+    "Envelope",
+    "MessageKind",
+    "Reassembler",
+    "ReassemblyStats",
+    "TensorEntry",
+    "TopicInfo",
+    "control_topic",
+    "decode_envelope",
+    "delta_topic",
+    "encode_envelope",
+    "inbox_topic",
+    "new_message_id",
+    "pack_message",
+    "parse_topic",
+    "split_message",
+    "status_topic",
+    "validate_id",
+]

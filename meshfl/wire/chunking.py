@@ -1,0 +1,250 @@
+"""Chunking of wire messages under a broker's payload limit, and bounded reassembly.
+
+Every message travels as one or more chunks (see :mod:`meshfl.wire.serde` for the
+layout), each at most ``max_payload`` bytes including its header and CRC-32, so managed
+brokers with small packet limits work. :class:`Reassembler` puts them back together in
+any order, ignores duplicates and replays, and is bounded in memory and time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from meshfl.errors import ConfigError, WireError
+from meshfl.wire.envelope import Envelope
+from meshfl.wire.serde import CHUNK_OVERHEAD, decode_chunk, encode_chunk, encode_envelope
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "MIN_MAX_PAYLOAD",
+    "REMEMBERED_COMPLETED",
+    "Reassembler",
+    "ReassemblyStats",
+    "pack_message",
+    "split_message",
+]
+
+DEFAULT_MAX_PAYLOAD = 131072
+"""Default largest chunk, bytes (128 KiB: fits managed brokers with small limits)."""
+MIN_MAX_PAYLOAD = CHUNK_OVERHEAD + 1
+"""Smallest usable ``max_payload``, bytes: the chunk header and CRC plus one body byte."""
+REMEMBERED_COMPLETED = 4096
+"""How many recently completed message ids a :class:`Reassembler` remembers."""
+_MAX_MESSAGE = 2**32 - 1
+
+
+def split_message(
+    message: bytes, message_id: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> list[bytes]:
+    """Split ``message`` into chunks of at most ``max_payload`` bytes each.
+
+    Parameters
+    ----------
+    message : bytes
+        The message, usually :func:`~meshfl.wire.serde.encode_envelope` output; at most
+        2**32-1 bytes. An empty message is one chunk with an empty body.
+    message_id : bytes
+        16 bytes shared by all chunks; the receiver reassembles by it.
+    max_payload : int, default 131072
+        Largest chunk in bytes, header and CRC included; at least :data:`MIN_MAX_PAYLOAD`.
+
+    Returns
+    -------
+    list of bytes
+        ``count = max(1, ceil(len(message) / (max_payload - 38)))`` chunks in index order.
+
+    Raises
+    ------
+    ConfigError
+        If ``max_payload`` is below :data:`MIN_MAX_PAYLOAD`.
+    WireError
+        If ``message_id`` is not 16 bytes or the message is longer than 2**32-1 bytes.
+
+    """
+    if isinstance(max_payload, bool) or not isinstance(max_payload, int):
+        raise ConfigError(f"max_payload must be an int of bytes, got {max_payload!r}")
+    if max_payload < MIN_MAX_PAYLOAD:
+        raise ConfigError(
+            f"max_payload {max_payload} is too small: a chunk needs at least {MIN_MAX_PAYLOAD} "
+            f"bytes ({CHUNK_OVERHEAD} of header and CRC plus 1 of body)"
+        )
+    if len(message) > _MAX_MESSAGE:
+        raise WireError(f"message of {len(message)} bytes exceeds the {_MAX_MESSAGE}-byte limit")
+    step = max_payload - CHUNK_OVERHEAD
+    total = len(message)
+    count = max(1, -(-total // step))
+    view = memoryview(message)
+    return [
+        encode_chunk(message_id, i, count, total, bytes(view[i * step : (i + 1) * step]))
+        for i in range(count)
+    ]
+
+
+def pack_message(env: Envelope, max_payload: int = DEFAULT_MAX_PAYLOAD) -> list[bytes]:
+    """Encode ``env`` and split it into chunks keyed by ``env.message_id``."""
+    return split_message(encode_envelope(env), env.message_id, max_payload)
+
+
+@dataclass(frozen=True)
+class ReassemblyStats:
+    """Counters of a :class:`Reassembler` (a snapshot; counts are since construction).
+
+    ``completed`` messages returned; ``duplicates`` chunks ignored (already held, or of a
+    recently completed message); ``expired`` and ``evicted`` partial messages dropped for
+    age or for memory; ``rejected`` chunks that raised :class:`~meshfl.errors.WireError`;
+    ``pending_messages`` partial messages held, ``pending_bytes`` body bytes they hold.
+    """
+
+    completed: int = 0
+    duplicates: int = 0
+    expired: int = 0
+    evicted: int = 0
+    rejected: int = 0
+    pending_messages: int = 0
+    pending_bytes: int = 0
+
+
+@dataclass
+class _Partial:
+    count: int
+    total: int
+    last_seen: float
+    size: int = 0
+    bodies: dict[int, bytes] = field(default_factory=dict)
+
+
+class Reassembler:
+    """Reassemble chunked messages, bounded in memory and time.
+
+    Parameters
+    ----------
+    max_messages : int, default 256
+        Most partial messages held at once.
+    max_bytes : int, default 256 MiB
+        Most body bytes held over all partial messages; a chunk announcing a longer
+        message is rejected.
+    timeout_s : float, default 30.0
+        A partial message that received no new chunk for longer than this many seconds
+        is dropped (on every :meth:`feed` and by :meth:`expire`).
+    clock : callable, default time.monotonic
+        Returns the current time in seconds; inject a fake one in tests.
+
+    Notes
+    -----
+    When holding a new chunk would exceed ``max_messages`` or ``max_bytes``, the oldest
+    partial message (the one least recently fed a new chunk) is evicted first. Ids of
+    the last 4096 completed messages are remembered so late duplicates are ignored.
+
+    """
+
+    def __init__(
+        self,
+        max_messages: int = 256,
+        max_bytes: int = 256 * 2**20,
+        timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_messages < 1 or max_bytes < 1 or not timeout_s > 0:
+            raise ConfigError("max_messages, max_bytes and timeout_s must all be positive")
+        self._max_messages, self._max_bytes, self._timeout = max_messages, max_bytes, timeout_s
+        self._clock = clock
+        self._partials: OrderedDict[bytes, _Partial] = OrderedDict()  # least recent first
+        self._completed: OrderedDict[bytes, None] = OrderedDict()
+        self._bytes = 0
+        self._counts = dict.fromkeys(
+            ("completed", "duplicates", "expired", "evicted", "rejected"), 0
+        )
+
+    @property
+    def stats(self) -> ReassemblyStats:
+        """A snapshot of the counters and current memory use."""
+        return ReassemblyStats(
+            **self._counts, pending_messages=len(self._partials), pending_bytes=self._bytes
+        )
+
+    def expire(self) -> int:
+        """Drop partial messages idle for longer than ``timeout_s``; return how many."""
+        now, dropped = self._clock(), 0
+        while self._partials:
+            mid, oldest = next(iter(self._partials.items()))
+            if now - oldest.last_seen <= self._timeout:
+                break
+            self._drop(mid)
+            dropped += 1
+        self._counts["expired"] += dropped
+        return dropped
+
+    def feed(self, chunk: bytes) -> bytes | None:
+        """Take one chunk; return the whole message when its last missing chunk arrives.
+
+        Returns ``None`` while the message is incomplete and for ignored chunks
+        (duplicates, chunks of a recently completed message).
+
+        Raises
+        ------
+        WireError
+            For a chunk that does not decode (bad CRC, truncated, garbage), that
+            contradicts earlier chunks of its message (count, total or sizes), or that
+            announces a message longer than ``max_bytes``. The caller counts and drops it.
+
+        """
+        self.expire()
+        try:
+            return self._feed(chunk)
+        except WireError:
+            self._counts["rejected"] += 1
+            raise
+
+    def _feed(self, data: bytes) -> bytes | None:
+        c = decode_chunk(data)
+        if c.message_id in self._completed:
+            self._counts["duplicates"] += 1
+            return None
+        if c.total > self._max_bytes:
+            raise WireError(f"message of {c.total} bytes exceeds max_bytes={self._max_bytes}")
+        part = self._partials.get(c.message_id)
+        if part is not None and (part.count, part.total) != (c.count, c.total):
+            raise WireError(
+                f"chunk {c.index}/{c.count} of {c.total} bytes contradicts earlier chunks "
+                f"({part.count} chunks, {part.total} bytes) of message {c.message_id.hex()}"
+            )
+        if part is not None and c.index in part.bodies:
+            self._counts["duplicates"] += 1
+            return None
+        self._make_room(c.message_id, len(c.body), new=part is None)
+        if part is None:
+            part = self._partials[c.message_id] = _Partial(c.count, c.total, self._clock())
+        part.bodies[c.index] = c.body
+        part.size += len(c.body)
+        part.last_seen = self._clock()
+        self._bytes += len(c.body)
+        self._partials.move_to_end(c.message_id)
+        if part.size > part.total or (len(part.bodies) == part.count and part.size != part.total):
+            self._drop(c.message_id)
+            raise WireError(f"chunk sizes of message {c.message_id.hex()} do not add up")
+        if len(part.bodies) < part.count:
+            return None
+        self._drop(c.message_id)
+        self._completed[c.message_id] = None
+        if len(self._completed) > REMEMBERED_COMPLETED:
+            self._completed.popitem(last=False)
+        self._counts["completed"] += 1
+        return b"".join(part.bodies[i] for i in range(part.count))
+
+    def _make_room(self, message_id: bytes, size: int, *, new: bool) -> None:
+        """Evict the oldest other partial messages until ``size`` more bytes fit."""
+        while True:
+            over_count = new and len(self._partials) >= self._max_messages
+            if not over_count and self._bytes + size <= self._max_bytes:
+                return
+            victim = next((k for k in self._partials if k != message_id), None)
+            if victim is None:
+                return
+            self._drop(victim)
+            self._counts["evicted"] += 1
+
+    def _drop(self, message_id: bytes) -> None:
+        self._bytes -= self._partials.pop(message_id).size

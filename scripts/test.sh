@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install meshfl with its test dependencies into .venv and run every check:
+# ruff, mypy, import-linter, then the whole pytest suite (unit, mqtt, e2e).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq mosquitto) >/dev/null
+  else
+    echo "the tests need Mosquitto 2: sudo apt-get install mosquitto" >&2; exit 1
+  fi
+fi
+python3 -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+pip install -q "torch==2.13.0" -e ".[all,dev]"
+ruff check .
+ruff format --check .
+mypy
+lint-imports
+pytest -q -p no:cacheprovider "$@"

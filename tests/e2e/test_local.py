@@ -1,0 +1,150 @@
+"""``meshfl local`` end to end: real processes, the embedded broker and Mosquitto."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshfl.contract import RoundSummary
+from meshfl.local.processes import Supervisor
+from meshfl.local.run import LocalConfig, run_local
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_cli_runs_a_small_fleet_that_beats_chance(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshfl",
+            "local",
+            "--agents",
+            "4",
+            "--rounds",
+            "5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) >= {"config", "rounds", "devices", "final"}
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4, 5]
+    for r in report["rounds"]:
+        assert set(r) >= {
+            "round",
+            "mean_accuracy",
+            "min_accuracy",
+            "consensus_distance",
+            "bytes_sent",
+            "bytes_received",
+            "elapsed_s",
+        }
+        assert r["bytes_sent"] > 0 and r["bytes_received"] > 0
+    assert len(report["devices"]) == 4
+    assert all(d["missing_rounds"] == [] for d in report["devices"])
+    assert set(report["final"]) >= {"mean_accuracy", "min_accuracy", "bytes_sent_total", "wall_s"}
+    assert report["final"]["mean_accuracy"] > 0.5  # chance is 0.1
+    assert (out / "report.png").stat().st_size > 10_000
+    assert "final mean accuracy" in proc.stdout
+
+
+def fedavg_reference(data_dir: Path, rounds: int, seed: int) -> float:
+    """Exact averaging after every round (FedAvg, equal weights), computed here."""
+    from edge_agent.trainer import Trainer
+    from models.data import load_dataset_file
+
+    files = [data_dir / f"device-{i}.npz" for i in range(len(list(data_dir.glob("device-*.npz"))))]
+    x_test, y_test = load_dataset_file(data_dir / "test.npz")
+    spec = {"name": "mlp", "input_dim": 64, "num_classes": 10, "hidden": [64]}
+    trainers = [
+        Trainer(
+            spec,
+            seed=seed,
+            data_seed=seed + 1 + i,
+            learning_rate=0.1,  # type: ignore[arg-type]
+            batch_size=32,
+            local_epochs=1,
+        )
+        for i in range(len(files))
+    ]
+    data = [load_dataset_file(f) for f in files]
+    for _ in range(rounds):
+        params = []
+        for trainer, (x, y) in zip(trainers, data, strict=True):
+            trainer.train(x, y)
+            params.append(trainer.params())
+        mean = {k: np.mean([p[k] for p in params], axis=0) for k in params[0]}
+        for trainer in trainers:
+            trainer.set_params(mean)
+    return trainers[0].evaluate(x_test, y_test)[0]
+
+
+def test_dpsgd_on_the_complete_graph_is_exact_averaging(tmp_path: Path) -> None:
+    config = LocalConfig(
+        agents=4,
+        rounds=8,
+        algorithm="dpsgd",
+        codec="identity",
+        topology="complete",
+        out=tmp_path / "run",
+    )
+
+    result = run_local(config)
+
+    expected = fedavg_reference(tmp_path / "run" / "data", 8, seed=0)
+    final = result.report["final"]
+    assert abs(final["mean_accuracy"] - expected) <= 0.01
+    assert final["min_accuracy"] == pytest.approx(final["mean_accuracy"], abs=1e-9)
+
+
+def test_mosquitto_and_the_embedded_broker_reach_the_same_accuracy(
+    tmp_path: Path, mosquitto_url: str
+) -> None:
+    embedded = run_local(LocalConfig(agents=4, rounds=5, out=tmp_path / "amqtt"))
+    mosquitto = run_local(
+        LocalConfig(agents=4, rounds=5, out=tmp_path / "mosq", broker=mosquitto_url)
+    )
+
+    a, b = embedded.report["final"], mosquitto.report["final"]
+    assert a["mean_accuracy"] > 0.5
+    assert abs(a["mean_accuracy"] - b["mean_accuracy"]) <= 0.01
+    assert a["bytes_sent_total"] == b["bytes_sent_total"]
+
+
+def test_a_killed_agent_does_not_hang_the_others(tmp_path: Path) -> None:
+    killed: list[str] = []
+
+    def kill_device_1(summary: RoundSummary, supervisor: Supervisor) -> None:
+        if not killed:  # at the first round summary: rounds are fast, kill early
+            child = next(c for c in supervisor.children if c.name == "device-1")
+            child.stop(signal.SIGKILL)
+            killed.append(child.name)
+
+    config = LocalConfig(agents=4, rounds=20, out=tmp_path / "run", round_deadline_s=15.0)
+
+    result = run_local(config, on_round=kill_device_1)
+
+    report = result.report
+    assert killed == ["device-1"]
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 21))
+    victim = next(d for d in report["devices"] if d["name"] == "device-1")
+    assert set(victim["missing_rounds"]) >= {18, 19, 20}
+    assert all("device-1" in r["missing_devices"] for r in report["rounds"][-3:])
+    others = [d for d in report["devices"] if d["name"] != "device-1"]
+    assert all(d["missing_rounds"] == [] for d in others)
+    assert "device-1" in result.failed_agents
+    assert report["final"]["wall_s"] < 120  # the Last Will ends the wait, not 4 deadlines

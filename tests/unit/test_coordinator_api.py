@@ -1,0 +1,461 @@
+"""The coordinator's REST API, end to end over TestClient on a temporary SQLite file."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from coordinator import CoordinatorSettings, create_app
+from coordinator.deps import get_now
+from coordinator.server import ensure_tokens
+from meshfl.errors import ConfigError
+from meshfl.topology import build_graph, metropolis_hastings, spectral_gap
+
+with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+ENROL, ADMIN = "enrol-secret", "admin-secret"
+ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
+API = "/api/v1"
+
+
+class FakeClock:
+    """A clock the test moves by hand (unix seconds)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_000.0)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        db_url=f"sqlite:///{tmp_path / 'coordinator.db'}",
+        fleet="lab",
+        enrol_token=ENROL,
+        admin_token=ADMIN,
+        broker_url="mqtt://127.0.0.1:1883",
+        stale_after_s=120,
+    )
+
+
+@pytest.fixture
+def client(settings: CoordinatorSettings, clock: FakeClock) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, clock=clock)) as test_client:
+        yield test_client
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "mnist-ring",
+        "model": {"name": "mlp", "input_dim": 784, "num_classes": 10, "hidden": [64]},
+        "algorithm": "choco",
+        "codec": "topk:0.1",
+        "topology": "ring",
+        "rounds": 5,
+        "learning_rate": 0.05,
+        "batch_size": 32,
+        "local_epochs": 1,
+        "consensus_step": 0.5,
+        "round_deadline_s": 30.0,
+        "max_payload_bytes": 131072,
+        "seed": 7,
+        "devices": 4,
+        "test_data": None,
+        "sketch_dim": 8,
+    }
+    body.update(overrides)
+    return body
+
+
+def enrol(client: TestClient, clock: FakeClock, name: str) -> tuple[str, dict[str, str]]:
+    clock.now += 1.0
+    r = client.post(f"{API}/devices/enrol", json={"token": ENROL, "name": name})
+    assert r.status_code == 200, r.text
+    return r.json()["device_id"], {"Authorization": f"Bearer {r.json()['device_token']}"}
+
+
+def running_job(
+    client: TestClient, clock: FakeClock, n: int = 4, **overrides: Any
+) -> tuple[str, list[tuple[str, dict[str, str]]]]:
+    devices = [enrol(client, clock, f"pi-{k}") for k in range(n)]
+    job_id = client.post(f"{API}/jobs", json=spec(devices=n, **overrides), headers=ADMIN_H).json()[
+        "job_id"
+    ]
+    clock.now += 10.0
+    assert client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H).status_code == 200
+    return job_id, devices
+
+
+def metrics(rnd: int, accuracy: float, sketch: list[float], sent: int = 100) -> dict[str, Any]:
+    return {
+        "round": rnd,
+        "accuracy": accuracy,
+        "loss": 1.0 - accuracy,
+        "bytes_sent": sent,
+        "bytes_received": 2 * sent,
+        "missing": [],
+        "sketch": sketch,
+        "train_s": 0.5,
+        "round_s": 1.0,
+    }
+
+
+DONE = {"final_accuracy": 0.9, "bytes_sent": 1000, "bytes_received": 2000, "model_path": "m.pt"}
+
+
+# --- health, docs, settings ---------------------------------------------------------------
+
+
+def test_healthz_and_openapi_list_every_contract_path(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert client.get("/docs").status_code == 200
+    assert {
+        f"{API}/devices/enrol",
+        f"{API}/devices",
+        f"{API}/devices/{{device_id}}",
+        f"{API}/devices/{{device_id}}/profile",
+        f"{API}/devices/{{device_id}}/assignment",
+        f"{API}/jobs",
+        f"{API}/jobs/{{job_id}}",
+        f"{API}/jobs/{{job_id}}/start",
+        f"{API}/jobs/{{job_id}}/stop",
+        f"{API}/jobs/{{job_id}}/rounds",
+        f"{API}/jobs/{{job_id}}/topology",
+        f"{API}/jobs/{{job_id}}/metrics",
+        f"{API}/jobs/{{job_id}}/done",
+    } <= set(paths)
+
+
+def test_create_app_refuses_missing_tokens_and_ensure_tokens_fills_them(tmp_path: Path) -> None:
+    bare = CoordinatorSettings(db_url=f"sqlite:///{tmp_path / 'c.db'}", admin_token="a")
+    with pytest.raises(ConfigError, match="enrol_token"):
+        create_app(bare)
+    filled, generated = ensure_tokens(bare)
+    assert generated == ["enrol_token"]
+    assert filled.admin_token == "a" and filled.enrol_token and len(filled.enrol_token) >= 24
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESHFL_COORDINATOR_FLEET", "farm")
+    monkeypatch.setenv("MESHFL_COORDINATOR_STALE_AFTER_S", "30")
+    settings = CoordinatorSettings()
+    assert (settings.fleet, settings.stale_after_s, settings.enrol_token) == ("farm", 30.0, None)
+
+
+# --- devices and auth ----------------------------------------------------------------------
+
+
+def test_enrol_issues_an_identity_and_renaming_makes_a_new_one(
+    client: TestClient, clock: FakeClock
+) -> None:
+    r = client.post(
+        f"{API}/devices/enrol", json={"token": ENROL, "name": "pi", "profile": {"cores": 4}}
+    )
+    body = r.json()
+    again, _ = enrol(client, clock, "pi")
+    assert r.status_code == 200
+    assert body["device_id"].startswith("dev-") and body["device_token"]
+    assert (body["fleet"], body["broker_url"]) == ("lab", "mqtt://127.0.0.1:1883")
+    assert again != body["device_id"]
+    listed = client.get(f"{API}/devices", headers=ADMIN_H).json()
+    assert [d["device_id"] for d in listed] == [body["device_id"], again]
+    assert listed[0]["profile"] == {"cores": 4}
+    assert "token" not in str(listed)
+
+
+def test_enrol_with_a_wrong_token_is_401_with_a_one_line_detail(client: TestClient) -> None:
+    r = client.post(f"{API}/devices/enrol", json={"token": "guess", "name": "pi"})
+    assert r.status_code == 401
+    assert "enrolment token" in r.json()["detail"] and "\n" not in r.json()["detail"]
+
+
+def test_auth_is_401_without_a_token_and_403_with_the_wrong_one(
+    client: TestClient, clock: FakeClock
+) -> None:
+    a, a_h = enrol(client, clock, "a")
+    b, _ = enrol(client, clock, "b")
+    missing = client.get(f"{API}/devices")
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert client.get(f"{API}/devices", headers={"Authorization": "Basic x"}).status_code == 401
+    assert client.get(f"{API}/devices", headers=a_h).status_code == 403
+    assert client.get(f"{API}/devices/{a}/assignment").status_code == 401
+    assert client.get(f"{API}/devices/{a}/assignment", headers=ADMIN_H).status_code == 403
+    assert client.get(f"{API}/devices/{b}/assignment", headers=a_h).status_code == 403
+    assert client.put(f"{API}/devices/{b}/profile", json={}, headers=a_h).status_code == 403
+    assert client.get(f"{API}/devices/{a}/assignment", headers=a_h).status_code == 204
+
+
+def test_profile_update_and_device_lookup(client: TestClient, clock: FakeClock) -> None:
+    a, a_h = enrol(client, clock, "a")
+    clock.now = 5_000.0
+    r = client.put(
+        f"{API}/devices/{a}/profile", json={"cores": 8, "platform": "arm64"}, headers=a_h
+    )
+    got = client.get(f"{API}/devices/{a}", headers=ADMIN_H).json()
+    assert r.status_code == 200 and r.json()["profile"] == {"cores": 8, "platform": "arm64"}
+    assert got["last_seen"] == 5_000.0 and got["enrolled_at"] < 5_000.0
+    assert client.get(f"{API}/devices/dev-nope", headers=ADMIN_H).status_code == 404
+
+
+# --- job validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"rounds": 0}, "rounds"),
+        ({"learning_rate": 0.0}, "learning_rate"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"local_epochs": 0}, "local_epochs"),
+        ({"consensus_step": 0.0}, "consensus_step"),
+        ({"consensus_step": 1.5}, "consensus_step"),
+        ({"round_deadline_s": 0.0}, "round_deadline_s"),
+        ({"max_payload_bytes": 1000}, "max_payload_bytes"),
+        ({"algorithm": "fedavg"}, "algorithm"),
+        ({"codec": "zip:9"}, "codec"),
+        ({"topology": "hypercube"}, "topology"),
+        ({"algorithm": "dpsgd", "codec": "topk:0.1"}, "codec"),
+        ({"rounds": "many"}, "rounds"),
+    ],
+)
+def test_invalid_job_specs_are_422_naming_the_field(
+    client: TestClient, override: dict[str, Any], field: str
+) -> None:
+    r = client.post(f"{API}/jobs", json=spec(**override), headers=ADMIN_H)
+    detail = r.json()["detail"]
+    assert r.status_code == 422
+    assert isinstance(detail, str) and field in detail and "\n" not in detail
+
+
+def test_a_missing_field_is_a_one_line_422(client: TestClient) -> None:
+    body = spec()
+    del body["seed"]
+    r = client.post(f"{API}/jobs", json=body, headers=ADMIN_H)
+    assert r.status_code == 422 and "seed" in r.json()["detail"]
+
+
+def test_valid_jobs_are_created(client: TestClient) -> None:
+    r = client.post(f"{API}/jobs", json=spec(algorithm="dpsgd", codec="fp32"), headers=ADMIN_H)
+    job = r.json()
+    assert r.status_code == 201
+    assert (job["status"], job["started_at"], job["devices"]) == ("created", None, [])
+    assert job["spec"] == spec(algorithm="dpsgd", codec="fp32")
+    listed = client.get(f"{API}/jobs", headers=ADMIN_H).json()
+    assert [j["job_id"] for j in listed] == [job["job_id"]]
+    assert client.get(f"{API}/jobs/job-nope", headers=ADMIN_H).status_code == 404
+
+
+# --- start, topology, assignment -----------------------------------------------------------
+
+
+def test_start_builds_a_ring_of_the_first_enrolled_devices(
+    client: TestClient, clock: FakeClock
+) -> None:
+    devices = [enrol(client, clock, f"pi-{k}")[0] for k in range(5)]
+    job_id = client.post(f"{API}/jobs", json=spec(devices=4), headers=ADMIN_H).json()["job_id"]
+    clock.now = 2_000.0
+    started = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
+    topo = client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).json()
+    w = np.array(topo["mixing_matrix"])
+    expected = metropolis_hastings(build_graph("ring", 4))
+    assert started.status_code == 200
+    assert (started.json()["status"], started.json()["started_at"]) == ("running", 2_000.0)
+    assert [d["device_id"] for d in started.json()["devices"]] == devices[:4]
+    assert topo["kind"] == "ring" and topo["devices"] == devices[:4]
+    assert sorted(map(tuple, topo["edges"])) == sorted(build_graph("ring", 4).edges)
+    np.testing.assert_allclose(w, w.T)
+    np.testing.assert_allclose(w.sum(axis=1), np.ones(4))
+    np.testing.assert_allclose(w, expected)
+    assert topo["spectral_gap"] == pytest.approx(spectral_gap(expected))
+    assert 0.0 < topo["spectral_gap"] <= 1.0
+    again = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
+    assert again.status_code == 409 and "already running" in again.json()["detail"]
+
+
+def test_start_needs_enough_devices_and_topology_needs_a_start(
+    client: TestClient, clock: FakeClock
+) -> None:
+    enrol(client, clock, "only")
+    job_id = client.post(f"{API}/jobs", json=spec(devices=3), headers=ADMIN_H).json()["job_id"]
+    r = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
+    assert r.status_code == 409 and "enrol more devices" in r.json()["detail"]
+    assert client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).status_code == 409
+
+
+def test_devices_zero_takes_every_enrolled_device(client: TestClient, clock: FakeClock) -> None:
+    for k in range(3):
+        enrol(client, clock, f"pi-{k}")
+    job_id = client.post(f"{API}/jobs", json=spec(devices=0), headers=ADMIN_H).json()["job_id"]
+    r = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
+    assert len(r.json()["devices"]) == 3
+
+
+def test_assignment_is_the_devices_row_of_w(client: TestClient, clock: FakeClock) -> None:
+    job_id, devices = running_job(client, clock)
+    outsider, outsider_h = enrol(client, clock, "late")
+    w = np.array(
+        client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).json()["mixing_matrix"]
+    )
+    ids = [d for d, _ in devices]
+    clock.now = 3_000.0
+    for i, (device_id, headers) in enumerate(devices):
+        a = client.get(f"{API}/devices/{device_id}/assignment", headers=headers).json()
+        neighbours = {n["device_id"]: n["weight"] for n in a["neighbours"]}
+        expected = {ids[j]: w[i, j] for j in build_graph("ring", 4).neighbours(i)}
+        assert (a["job_id"], a["fleet"], a["status"], a["index"]) == (job_id, "lab", "running", i)
+        assert a["self_weight"] == pytest.approx(w[i, i])
+        assert neighbours == pytest.approx(expected)
+        assert a["spec"]["topology"] == "ring"
+    assert client.get(f"{API}/devices/{outsider}/assignment", headers=outsider_h).status_code == 204
+    seen = client.get(f"{API}/devices/{ids[0]}", headers=ADMIN_H).json()["last_seen"]
+    assert seen == 3_000.0
+
+
+# --- metrics and round summaries -----------------------------------------------------------
+
+
+def test_metrics_are_idempotent_per_round_and_bounded(client: TestClient, clock: FakeClock) -> None:
+    job_id, devices = running_job(client, clock, rounds=3)
+    (_, h0), (_, h1) = devices[0], devices[1]
+    outsider_h = enrol(client, clock, "late")[1]
+    url = f"{API}/jobs/{job_id}/metrics"
+    first = client.post(url, json=metrics(1, 0.5, []), headers=h0)
+    repeat = client.post(url, json=metrics(1, 0.9, []), headers=h0)
+    rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
+    assert (first.status_code, repeat.status_code) == (204, 204)
+    assert len(rounds) == 1 and rounds[0]["mean_accuracy"] == 0.5
+    assert rounds[0]["devices_reporting"] == 1
+    for bad in (0, 4):
+        r = client.post(url, json=metrics(bad, 0.5, []), headers=h1)
+        assert r.status_code == 422 and "rounds 1..3" in r.json()["detail"]
+    assert client.post(url, json=metrics(1, 0.5, []), headers=outsider_h).status_code == 403
+    assert client.post(url, json=metrics(1, 0.5, []), headers=ADMIN_H).status_code == 403
+    missing = client.post(f"{API}/jobs/job-nope/metrics", json=metrics(1, 0.5, []), headers=h0)
+    assert missing.status_code == 404
+
+
+def test_round_summaries_aggregate_the_reports(client: TestClient, clock: FakeClock) -> None:
+    job_id, devices = running_job(client, clock)
+    ids = [d for d, _ in devices]
+    started = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()["started_at"]
+    rng = np.random.default_rng(0)
+    sketches = rng.normal(size=(4, 8))
+    acc1, acc2 = rng.uniform(size=4), rng.uniform(size=3)
+    url = f"{API}/jobs/{job_id}/metrics"
+    for i, (_, h) in enumerate(devices):  # round 1: everyone, at t = start + 5 + i
+        clock.now = started + 5 + i
+        client.post(
+            url, json=metrics(1, acc1[i], sketches[i].tolist(), sent=10 * (i + 1)), headers=h
+        )
+    for i in range(3):  # round 2: device 3 missing, device 2 without a sketch
+        clock.now = started + 20 + i
+        sketch = sketches[i].tolist() if i < 2 else []
+        client.post(url, json=metrics(2, acc2[i], sketch, sent=7), headers=devices[i][1])
+    clock.now = started + 40
+    client.post(url, json=metrics(3, 0.7, sketches[0].tolist()), headers=devices[0][1])
+
+    rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
+
+    def distance(s: np.ndarray) -> float:
+        return float(np.mean(np.sum((s - s.mean(axis=0)) ** 2, axis=1)))
+
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    r1, r2, r3 = rounds
+    assert r1["mean_accuracy"] == pytest.approx(acc1.mean())
+    assert r1["min_accuracy"] == pytest.approx(acc1.min())
+    assert r1["consensus_distance"] == pytest.approx(distance(sketches))
+    assert (r1["bytes_sent"], r1["bytes_received"]) == (100, 200)
+    assert r1["elapsed_s"] == pytest.approx(8.0)
+    assert (r1["devices_reporting"], r1["missing_devices"]) == (4, [])
+    assert r2["mean_accuracy"] == pytest.approx(acc2.mean())
+    assert r2["consensus_distance"] == pytest.approx(distance(sketches[:2]))
+    assert (r2["bytes_sent"], r2["elapsed_s"], r2["missing_devices"]) == (21, 22.0, [ids[3]])
+    assert r3["consensus_distance"] is None and r3["missing_devices"] == ids[1:]
+
+    job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+    by_id = {d["device_id"]: d for d in job["devices"]}
+    assert by_id[ids[0]]["rounds_reported"] == 3 and by_id[ids[0]]["missing_rounds"] == []
+    assert by_id[ids[3]]["missing_rounds"] == [2, 3]
+    assert (by_id[ids[1]]["bytes_sent"], by_id[ids[1]]["bytes_received"]) == (27, 54)
+    assert by_id[ids[1]]["final_accuracy"] is None and not by_id[ids[1]]["done"]
+    assert [d["index"] for d in job["devices"]] == [0, 1, 2, 3]
+    assert by_id[ids[2]]["name"] == "pi-2"
+
+
+def test_sketches_of_unequal_length_give_no_consensus_distance(
+    client: TestClient, clock: FakeClock
+) -> None:
+    job_id, devices = running_job(client, clock, n=2)
+    url = f"{API}/jobs/{job_id}/metrics"
+    client.post(url, json=metrics(1, 0.5, [1.0, 2.0]), headers=devices[0][1])
+    client.post(url, json=metrics(1, 0.5, [1.0, 2.0, 3.0]), headers=devices[1][1])
+    rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
+    assert rounds[0]["consensus_distance"] is None
+
+
+# --- completion and stop -------------------------------------------------------------------
+
+
+def test_job_completes_when_every_participant_is_done(client: TestClient, clock: FakeClock) -> None:
+    job_id, devices = running_job(client, clock, n=2)
+    (d0, h0), (_, h1) = devices
+    assert client.post(f"{API}/jobs/{job_id}/done", json=DONE, headers=h0).status_code == 204
+    halfway = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+    clock.now = 9_000.0
+    client.post(f"{API}/jobs/{job_id}/done", json=DONE, headers=h1)
+    job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+    assert halfway["status"] == "running"
+    assert (job["status"], job["finished_at"]) == ("completed", 9_000.0)
+    assert job["devices"][0]["final_accuracy"] == 0.9 and job["devices"][0]["done"]
+    assert (job["devices"][0]["bytes_sent"], job["devices"][0]["bytes_received"]) == (1000, 2000)
+    assert client.get(f"{API}/devices/{d0}/assignment", headers=h0).status_code == 204
+
+
+def test_a_silent_device_is_declared_lost_after_stale_after_s(
+    client: TestClient, clock: FakeClock
+) -> None:
+    job_id, devices = running_job(client, clock, n=3, rounds=2)
+    url = f"{API}/jobs/{job_id}"
+    for _, h in devices:
+        client.post(f"{url}/metrics", json=metrics(1, 0.5, []), headers=h)
+    for _, h in devices[:2]:
+        client.post(f"{url}/metrics", json=metrics(2, 0.6, []), headers=h)
+        client.post(f"{url}/done", json=DONE, headers=h)
+    last_heard = clock.now
+    app = client.app
+    app.dependency_overrides[get_now] = lambda: last_heard + 119.0  # type: ignore[attr-defined]
+    before = client.get(url, headers=ADMIN_H).json()
+    app.dependency_overrides[get_now] = lambda: last_heard + 121.0  # type: ignore[attr-defined]
+    after = client.get(url, headers=ADMIN_H).json()
+    lost_id, lost_h = devices[2]
+    told = client.get(f"{API}/devices/{lost_id}/assignment", headers=lost_h).json()
+    assert before["status"] == "running"
+    assert (after["status"], after["finished_at"]) == ("completed", last_heard + 121.0)
+    assert after["devices"][2]["missing_rounds"] == [2] and not after["devices"][2]["done"]
+    assert told["status"] == "completed"
+
+
+def test_stop_ends_a_job_and_tells_its_devices(client: TestClient, clock: FakeClock) -> None:
+    job_id, devices = running_job(client, clock, n=2)
+    clock.now = 4_000.0
+    stopped = client.post(f"{API}/jobs/{job_id}/stop", headers=ADMIN_H).json()
+    told = client.get(f"{API}/devices/{devices[0][0]}/assignment", headers=devices[0][1]).json()
+    again = client.post(f"{API}/jobs/{job_id}/stop", headers=ADMIN_H)
+    assert (stopped["status"], stopped["finished_at"]) == ("stopped", 4_000.0)
+    assert told["status"] == "stopped"
+    assert again.status_code == 409

@@ -1,0 +1,137 @@
+"""The coordinator's store: Alembic migrations vs the ORM, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import importlib.util
+import secrets
+import warnings
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from coordinator import CoordinatorSettings, create_app
+from coordinator.db import Base, make_engine
+from coordinator.migrate import upgrade
+from coordinator.reports import sketch_distance
+
+with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def schema_diff(engine: sa.Engine) -> list[object]:
+    with engine.connect() as conn:
+        return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+
+
+def test_migrated_sqlite_schema_matches_the_orm(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    upgrade(engine)
+    upgrade(engine)  # idempotent
+    diff = schema_diff(engine)
+    tables = set(sa.inspect(engine).get_table_names())
+    engine.dispose()
+    assert diff == []
+    assert {"devices", "jobs", "job_devices", "round_metrics", "alembic_version"} == tables
+
+
+def test_in_memory_sqlite_works_for_a_whole_app() -> None:
+    settings = CoordinatorSettings(db_url="sqlite://", enrol_token="e", admin_token="a")
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/api/v1/devices/enrol", json={"token": "e", "name": "pi"})
+        listed = client.get("/api/v1/devices", headers={"Authorization": "Bearer a"}).json()
+    assert r.status_code == 200 and [d["name"] for d in listed] == ["pi"]
+
+
+def test_sketch_distance_ignores_empty_and_non_finite_sketches() -> None:
+    assert sketch_distance([[1.0, 2.0], []]) is None
+    assert sketch_distance([[1.0, float("nan")], [1.0, 2.0]]) is None
+    assert sketch_distance([[0.0, 0.0], [2.0, 0.0]]) == pytest.approx(1.0)
+
+
+def _postgres_or_skip() -> None:
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.skip('PostgreSQL test needs the psycopg driver: pip install "psycopg[binary]"')
+    engine = make_engine(PG_URL)
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
+    finally:
+        engine.dispose()
+
+
+def test_postgresql_migrates_and_runs_a_job() -> None:
+    _postgres_or_skip()
+    schema = f"meshfl_test_{secrets.token_hex(4)}"
+    admin = make_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = f"{PG_URL}?options=-csearch_path%3D{schema}"
+    try:
+        settings = CoordinatorSettings(db_url=url, enrol_token="e", admin_token="a")
+        app = create_app(settings)
+        diff = schema_diff(app.state.engine)
+        auth = {"Authorization": "Bearer a"}
+        with TestClient(app) as client:
+            devices = [
+                client.post("/api/v1/devices/enrol", json={"token": "e", "name": f"pi-{k}"}).json()
+                for k in range(3)
+            ]
+            spec = {
+                "name": "pg",
+                "model": {"name": "mlp", "input_dim": 4, "num_classes": 2, "hidden": []},
+                "algorithm": "choco",
+                "codec": "identity",
+                "topology": "complete",
+                "rounds": 1,
+                "learning_rate": 0.1,
+                "batch_size": 8,
+                "local_epochs": 1,
+                "consensus_step": 1.0,
+                "round_deadline_s": 5.0,
+                "max_payload_bytes": 4096,
+                "seed": 0,
+                "devices": 3,
+                "test_data": None,
+                "sketch_dim": 0,
+            }
+            job_id = client.post("/api/v1/jobs", json=spec, headers=auth).json()["job_id"]
+            client.post(f"/api/v1/jobs/{job_id}/start", headers=auth)
+            body = {
+                "round": 1,
+                "accuracy": 0.5,
+                "loss": 0.5,
+                "bytes_sent": 1,
+                "bytes_received": 2,
+                "missing": [],
+                "sketch": [],
+                "train_s": 0.1,
+                "round_s": 0.2,
+            }
+            for d in devices:
+                h = {"Authorization": f"Bearer {d['device_token']}"}
+                client.post(f"/api/v1/jobs/{job_id}/metrics", json=body, headers=h)
+                client.post(f"/api/v1/jobs/{job_id}/metrics", json=body, headers=h)
+                done = {
+                    "final_accuracy": 0.5,
+                    "bytes_sent": 1,
+                    "bytes_received": 2,
+                    "model_path": "m",
+                }
+                client.post(f"/api/v1/jobs/{job_id}/done", json=done, headers=h)
+            job = client.get(f"/api/v1/jobs/{job_id}", headers=auth).json()
+            rounds = client.get(f"/api/v1/jobs/{job_id}/rounds", headers=auth).json()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+    assert diff == []
+    assert job["status"] == "completed"
+    assert [r["devices_reporting"] for r in rounds] == [3]
