@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from meshfl.contract import RoundSummary
+from meshfl.local.admin import AdminClient
 from meshfl.local.run import DEFAULTS
 
 job_app = typer.Typer(
@@ -45,8 +47,6 @@ def start(
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
     """Create a job and start it on the enrolled devices."""
-    from meshfl.local.admin import AdminClient
-
     client = AdminClient(coordinator, admin_token)
     spec = {
         "name": f"{algorithm}-{codec}-{topology}",
@@ -81,8 +81,6 @@ def start(
 @job_app.command("status")
 def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
     """Print a job's status, devices and rounds."""
-    from meshfl.local.admin import AdminClient
-
     client = AdminClient(coordinator, admin_token)
     job = client.job(job_id)
     typer.echo(f"job {job_id}: {job['status']}")
@@ -99,16 +97,11 @@ def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> No
 @job_app.command("stop")
 def stop(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
     """Stop a running job; devices finish their current round and save their model."""
-    from meshfl.local.admin import AdminClient
-
     job = AdminClient(coordinator, admin_token).stop_job(job_id)
     typer.echo(f"job {job_id}: {job['status']}")
 
 
-def _follow(client: object, job_id: str) -> None:
-    from meshfl.local.admin import AdminClient
-
-    assert isinstance(client, AdminClient)
+def _follow(client: AdminClient, job_id: str) -> None:
     printed = 0
     while True:
         rounds = client.rounds(job_id)
@@ -121,7 +114,7 @@ def _follow(client: object, job_id: str) -> None:
         time.sleep(1.0)
 
 
-def _line(r: dict) -> str:  # type: ignore[type-arg]
+def _line(r: RoundSummary) -> str:
     cd = r["consensus_distance"]
     return (
         f"round {r['round']:>3}  mean acc {r['mean_accuracy']:.4f}  min acc"

@@ -95,6 +95,7 @@ def run_local(
     device_files, test_file = _prepare_data(config)
     supervisor = Supervisor(out / "logs")
     started = time.monotonic()
+    admin: AdminClient | None = None
     try:
         broker_url = config.broker or _start_broker(supervisor)
         enrol_token = secrets.token_urlsafe(16)
@@ -115,6 +116,8 @@ def run_local(
         final_job, rounds, failed = _monitor(admin, supervisor, job, config, on_round, show)
         report = build_report(config, final_job, rounds, time.monotonic() - started, failed)
     finally:
+        if admin is not None:
+            admin.close()
         supervisor.stop_all()
     from meshfl.local.report import write_report
 
