@@ -14,6 +14,7 @@ import sys
 import typer
 
 from meshfl.cli.agent import agent_app
+from meshfl.cli.data import data_app
 from meshfl.cli.job import job_app
 from meshfl.cli.local import local
 from meshfl.cli.servers import broker_app, coordinator_app
@@ -32,6 +33,7 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(broker_app, name="broker")
 app.add_typer(job_app, name="job")
+app.add_typer(data_app, name="data")
 app.command("local")(local)
 
 

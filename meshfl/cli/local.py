@@ -72,12 +72,15 @@ def local(
     finally:
         view.close()
     final = result.report["final"]
-    console.print(
-        f"final mean accuracy [bold]{final['mean_accuracy']:.4f}[/],"
-        f" minimum {final['min_accuracy']:.4f};"
-        f" {final['bytes_sent_total'] / 1e6:.3f} MB sent;"
-        f" {final['wall_s']:.1f} s"
-    )
+    if final["mean_accuracy"] is None:
+        console.print("[yellow]no round completed[/]")
+    else:
+        console.print(
+            f"final mean accuracy [bold]{final['mean_accuracy']:.4f}[/],"
+            f" minimum {final['min_accuracy']:.4f};"
+            f" {final['bytes_sent_total'] / 1e6:.3f} MB sent;"
+            f" {final['wall_s']:.1f} s"
+        )
     for name, why in result.failed_agents.items():
         console.print(f"[yellow]agent {name} failed: {why}[/]")
     missing = [d for d in result.report["devices"] if d["missing_rounds"]]

@@ -10,13 +10,75 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from enum import IntEnum
 from typing import ClassVar
 
 import numpy as np
 
-from meshfl.errors import CodecError
+from meshfl.errors import CodecError, CodecSpecError
 
-__all__ = ["Codec", "check_finite_float32", "check_shape"]
+__all__ = [
+    "F32_MAX",
+    "Codec",
+    "CodecTag",
+    "as_float32",
+    "check_finite_float32",
+    "check_payload",
+    "check_shape",
+    "make_rng",
+]
+
+F32_MAX = float(np.finfo(np.float32).max)
+"""Largest finite float32, about 3.4028e38."""
+
+
+class CodecTag(IntEnum):
+    """Wire codec tags (u8). A tag, once released, keeps its payload layout forever."""
+
+    IDENTITY = 1
+    TOPK = 2
+    FP16 = 3
+    BF16 = 4
+    INT8 = 5
+    QSGD = 6
+    RANDK = 7
+    SIGN = 8
+    POWERSGD = 9
+    ZSTD = 10
+
+
+def check_payload(payload: object) -> bytes:
+    """Return an untrusted payload as ``bytes``.
+
+    Raises
+    ------
+    CodecError
+        If ``payload`` is not bytes-like (``bytes``, ``bytearray``, ``memoryview``).
+
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
+    return bytes(payload)
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """Return the encoder's generator: ``np.random.default_rng(seed)``.
+
+    Parameters
+    ----------
+    seed : int or None
+        A non-negative integer makes the encoder deterministic; ``None`` draws fresh
+        entropy from the operating system.
+
+    Raises
+    ------
+    CodecSpecError
+        If ``seed`` is neither ``None`` nor a non-negative ``int``.
+
+    """
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise CodecSpecError(f"codec seed must be None or an int >= 0, got {seed!r}")
+    return np.random.default_rng(seed)
 
 
 def check_shape(shape: tuple[int, ...]) -> int:
@@ -46,6 +108,26 @@ def check_shape(shape: tuple[int, ...]) -> int:
     return math.prod(int(d) for d in shape)
 
 
+def as_float32(x: np.ndarray) -> np.ndarray:
+    """Return ``x`` as a C-contiguous little-endian float32 array, without a finiteness scan.
+
+    For codecs that detect NaN/inf from a reduction they compute anyway (a finite sum
+    of ``|x|`` in float64 proves every element finite); others use
+    :func:`check_finite_float32`.
+
+    Raises
+    ------
+    CodecError
+        If the dtype is not floating.
+
+    """
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise CodecError(f"codecs encode floating tensors, got dtype {arr.dtype}")
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(arr, dtype="<f4")
+
+
 def check_finite_float32(x: np.ndarray) -> np.ndarray:
     """Return ``x`` as a C-contiguous little-endian float32 array, rejecting NaN/inf.
 
@@ -66,11 +148,7 @@ def check_finite_float32(x: np.ndarray) -> np.ndarray:
         cast to float32, so a float64 value beyond the float32 range is rejected).
 
     """
-    arr = np.asarray(x)
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise CodecError(f"codecs encode floating tensors, got dtype {arr.dtype}")
-    with np.errstate(over="ignore"):
-        out = np.ascontiguousarray(arr, dtype="<f4")
+    out = as_float32(x)
     if not bool(np.isfinite(out).all()):
         raise CodecError("tensor contains NaN or inf; refusing to encode it")
     return out

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from meshfl.codecs.base import Codec, check_finite_float32, check_shape
+from meshfl.codecs.base import Codec, CodecTag, check_finite_float32, check_shape
 from meshfl.errors import CodecError
 
 __all__ = ["Identity"]
@@ -19,7 +19,7 @@ class Identity(Codec):
     ``"fp32"``), wire tag 1, compression ratio 1.
     """
 
-    tag: ClassVar[int] = 1
+    tag: ClassVar[int] = CodecTag.IDENTITY
     name: ClassVar[str] = "identity"
 
     def encode(self, x: np.ndarray) -> bytes:

@@ -19,16 +19,15 @@ The encoder picks whichever index section is smaller (the bitmap on a tie).
 
 from __future__ import annotations
 
-import math
 import struct
-from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
 
-from meshfl.codecs.base import Codec, check_finite_float32, check_shape
+from meshfl.codecs.base import Codec, CodecTag, check_finite_float32, check_shape
+from meshfl.codecs.density import check_density, k_for
 from meshfl.codecs.varint import varint_decode, varint_encode, varint_sizes
-from meshfl.errors import CodecError, CodecSpecError
+from meshfl.errors import CodecError
 
 __all__ = ["FORMAT_BITMAP", "FORMAT_VARINT", "TopK"]
 
@@ -55,24 +54,16 @@ class TopK(Codec):
 
     """
 
-    tag: ClassVar[int] = 2
+    tag: ClassVar[int] = CodecTag.TOPK
     name: ClassVar[str] = "topk"
     __slots__ = ("_density_exact", "density")
 
     def __init__(self, density: float) -> None:
-        if isinstance(density, bool) or not isinstance(density, (int, float)):
-            raise CodecSpecError(f"density must be a number, got {density!r}")
-        density = float(density)
-        if not (math.isfinite(density) and 0.0 < density <= 1.0):
-            raise CodecSpecError(f"density must be in (0, 1], got {density!r}")
-        self.density = density
-        self._density_exact = Fraction(repr(density))
+        self.density, self._density_exact = check_density(density)
 
     def k_for(self, numel: int) -> int:
         """Return ``k`` for a tensor of ``numel`` elements (0 when empty, else in [1, numel])."""
-        if numel <= 0:
-            return 0
-        return min(numel, max(1, math.ceil(self._density_exact * numel)))
+        return k_for(self._density_exact, numel)
 
     def encode(self, x: np.ndarray) -> bytes:
         """Sparsify ``x`` and pack values and indices; see the module docstring for layout.

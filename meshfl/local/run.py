@@ -114,6 +114,9 @@ def run_local(
         job = admin.create_job(_job_spec(config, test_file))
         job = admin.start_job(job["job_id"])
         final_job, rounds, failed = _monitor(admin, supervisor, job, config, on_round, show)
+        if not rounds and failed:
+            name, why = next(iter(failed.items()))
+            raise MeshflError(f"no round completed: agent {name} failed ({why})")
         report = build_report(config, final_job, rounds, time.monotonic() - started, failed)
     finally:
         if admin is not None:
@@ -137,6 +140,10 @@ def _validate(config: LocalConfig) -> None:
 
     parse_codec(config.codec)
     build_graph(config.topology, config.agents)
+    if config.broker is not None:
+        from edge_agent.transport.mqtt import parse_broker_url
+
+        parse_broker_url(config.broker)
     if config.algorithm == "dpsgd" and parse_codec(config.codec).spec not in ("identity",):
         raise ConfigError("--algorithm dpsgd sends whole models: use --codec identity")
 
