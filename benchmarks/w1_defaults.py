@@ -22,10 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe  # noqa: E402
+from machine import describe
 
-from meshfl.local.lockstep import run_lockstep  # noqa: E402
-from meshfl.local.run import DEFAULTS, LocalConfig  # noqa: E402
+from meshfl.local.lockstep import run_lockstep
+from meshfl.local.run import DEFAULTS
 
 SWEEP = [
     ("dpsgd", "identity", 1.0, "ring"),
