@@ -79,25 +79,27 @@ class JobRunner:
         if absent:
             log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
         sent0, received0 = self.transport.bytes_sent, self.transport.bytes_received
+        sent, received = sent0, received0  # counters at the end of the previous round
         accuracy = 0.0
         for round_ in range(1, spec["rounds"] + 1):
             started = time.perf_counter()
-            sent, received = self.transport.bytes_sent, self.transport.bytes_received
             result = trainer.train(x, y)
             params, missing = engine.exchange(round_, trainer.params())
             trainer.set_params(params)
             accuracy, loss = trainer.evaluate(x_test, y_test)
+            now_sent, now_received = self.transport.bytes_sent, self.transport.bytes_received
             metrics: RoundMetrics = {
                 "round": round_,
                 "accuracy": accuracy,
                 "loss": loss,
-                "bytes_sent": self.transport.bytes_sent - sent,
-                "bytes_received": self.transport.bytes_received - received,
+                "bytes_sent": now_sent - sent,
+                "bytes_received": now_received - received,
                 "missing": missing,
                 "sketch": self._sketch(params),
                 "train_s": result.seconds,
                 "round_s": time.perf_counter() - started,
             }
+            sent, received = now_sent, now_received
             self.client.post_metrics(self.job_id, metrics)
             log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
             if round_ < spec["rounds"] and self._stopped():

@@ -40,14 +40,15 @@ def scale_pow2(x: np.ndarray, e: int) -> np.ndarray:
     """Return ``x · 2^e`` for float32 ``x``, exact unless the result is subnormal.
 
     Multiplies by float32 powers of two in steps of at most 2^±126 (each a normal
-    float32), so no intermediate overflows when the final result does not.
+    float32), so no intermediate overflows when the final result does not. Returns
+    ``x`` itself when ``e == 0``.
     """
     out = x
     while e:
         step = max(-126, min(126, e))
         out = out * np.float32(2.0**step)
         e -= step
-    return out if out is not x else x.copy()
+    return out
 
 
 class Float16(Codec):

@@ -306,6 +306,10 @@ def _monitor(
         time.sleep(0.3)
 
 
+TARGETS = (0.80, 0.85, 0.90)
+"""Mean test accuracies whose first round, elapsed seconds and bytes the report gives."""
+
+
 def _settled(rounds: list[RoundSummary], alive: int) -> list[RoundSummary]:
     """The leading rounds that every live agent reported, or that later rounds overtook."""
     last = rounds[-1]["round"] if rounds else 0
@@ -341,6 +345,17 @@ def build_report(
     names = {d["device_id"]: d["name"] for d in job["devices"]}
     last = rounds[-1] if rounds else None
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    reached: dict[str, dict[str, float] | None] = {}
+    sent = 0
+    for target in TARGETS:
+        reached[f"{target:.2f}"] = None
+    for r in rounds:
+        sent += r["bytes_sent"]
+        for target in TARGETS:
+            key = f"{target:.2f}"
+            if reached[key] is None and r["mean_accuracy"] >= target:
+                reached[key] = {"round": r["round"], "elapsed_s": r["elapsed_s"],
+                                "bytes_sent": sent}  # fmt: skip
     return {
         "config": cfg,
         "job_id": job["job_id"],
@@ -368,4 +383,5 @@ def build_report(
             "bytes_received_total": sum(r["bytes_received"] for r in rounds),
             "wall_s": wall_s,
         },
+        "time_to_accuracy": reached,
     }

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from meshfl.contract import RoundSummary
+from meshfl.local.lockstep import run_lockstep
 from meshfl.local.processes import Supervisor
 from meshfl.local.run import LocalConfig, run_local
 
@@ -58,8 +59,13 @@ def test_the_cli_runs_a_small_fleet_that_beats_chance(tmp_path: Path) -> None:
     assert all(d["missing_rounds"] == [] for d in report["devices"])
     assert set(report["final"]) >= {"mean_accuracy", "min_accuracy", "bytes_sent_total", "wall_s"}
     assert report["final"]["mean_accuracy"] > 0.5  # chance is 0.1
+    assert set(report["time_to_accuracy"]) == {"0.80", "0.85", "0.90"}
     assert (out / "report.png").stat().st_size > 10_000
     assert "final mean accuracy" in proc.stdout
+    # every message arrived in time, so the fleet computed what lockstep computes
+    lockstep = run_lockstep(LocalConfig(agents=4, rounds=5))
+    np.testing.assert_allclose([r["mean_accuracy"] for r in report["rounds"]],
+                               lockstep.mean_accuracy, atol=1e-9)  # fmt: skip
 
 
 def fedavg_reference(data_dir: Path, rounds: int, seed: int) -> float:
