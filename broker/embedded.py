@@ -185,8 +185,13 @@ def serve(host: str = "127.0.0.1", port: int = 1883) -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # amqtt logs every client that opens with an MQTT 5 CONNECT (our agents probe for
+    # MQTT 5 first) as a failed session: warnings only about that, not about the broker.
+    logging.getLogger("amqtt").setLevel(logging.ERROR)
     try:
-        with EmbeddedBroker(host, port):
+        with EmbeddedBroker(host, port) as broker:
+            print(f"embedded MQTT 3.1.1 broker listening on {broker.url}; Ctrl-C stops it",
+                  flush=True)  # fmt: skip
             while not stop.wait(0.5):
                 pass
     finally:

@@ -23,10 +23,12 @@ from meshfl.topology import build_graph, metropolis_hastings, spectral_gap
 __all__ = ["current_assignment", "mark_done", "refresh_status", "start_job", "stop_job"]
 
 
-def start_job(session: Session, job: Job, now: float) -> Job:
+def start_job(session: Session, job: Job, now: float, stale_after_s: float = 120.0) -> Job:
     """Pick the participants, build the graph and mixing matrix W, and run the job.
 
-    Participants are the first ``spec.devices`` enrolled devices by enrolment time
+    Participants are the first ``spec.devices`` live devices (heard from within
+    ``stale_after_s`` seconds: an idle agent polls for work every second or so) by
+    enrolment time
     (``0``: all of them); ordered by name (then id), device ``k`` gets index ``k`` in W,
     so the same names give the same graph whatever order the devices enrolled in. W is the
     Metropolis–Hastings matrix of ``build_graph(spec.topology, n)``; the topology
@@ -42,11 +44,12 @@ def start_job(session: Session, job: Job, now: float) -> Job:
     if job.status != "created":
         raise Conflict(f"job {job.id!r} is already {job.status}; create a new job to run again")
     wanted = int(job.spec["devices"])
-    enrolled = store.list_devices(session)
+    enrolled = [d for d in store.list_devices(session) if now - d.last_seen <= stale_after_s]
     if not enrolled or len(enrolled) < wanted:
         raise Conflict(
             f"job {job.id!r} needs {wanted or 'at least 1'} device(s) but "
-            f"{len(enrolled)} are enrolled; enrol more devices, then start it again"
+            f"{len(enrolled)} live device(s) are enrolled; start more agents, then start"
+            " it again (or create a job with fewer devices)"
         )
     chosen = sorted(enrolled[:wanted] if wanted else enrolled, key=lambda d: (d.name, d.id))
     kind = job.spec["topology"]
@@ -110,7 +113,7 @@ def refresh_status(session: Session, job: Job, now: float, stale_after_s: float)
 def mark_done(
     session: Session, job: Job, row: JobDevice, device: Device, body: DeviceDone, now: float
 ) -> None:
-    """Record that a participant finished (the first report wins)."""
+    """Record that a participant finished or declined (the first report wins)."""
     if not row.done:
         row.done, row.final = True, dict(body)
     row.last_activity = now
@@ -119,6 +122,15 @@ def mark_done(
     if job.status == "running" and all(r.done for r in store.participants(session, job)):
         job.status, job.finished_at = "completed", now
         session.commit()
+
+
+def mark_declined(
+    session: Session, job: Job, row: JobDevice, device: Device, reason: str, now: float
+) -> None:
+    """Record that a participant cannot take part; it counts as done, with its reason."""
+    if not row.done:
+        row.done, row.final = True, {"error": reason[:500]}
+    mark_done(session, job, row, device, row.final, now)  # type: ignore[arg-type]
 
 
 def current_assignment(

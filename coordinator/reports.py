@@ -103,7 +103,7 @@ def _job_device(
     row: JobDevice, name: str, reported: set[int], last_round: int, mine: list[RoundMetric]
 ) -> JobDevicePublic:
     final: dict[str, Any] = row.final or {}
-    if row.done:
+    if row.done and "bytes_sent" in final:
         sent, received = int(final["bytes_sent"]), int(final["bytes_received"])
     else:  # not done: the sum of its round reports so far
         sent = sum(int(m.metrics["bytes_sent"]) for m in mine)
@@ -114,10 +114,11 @@ def _job_device(
         index=row.index,
         rounds_reported=len(reported),
         missing_rounds=[r for r in range(1, last_round + 1) if r not in reported],
-        final_accuracy=float(final["final_accuracy"]) if row.done else None,
+        final_accuracy=float(final["final_accuracy"]) if "final_accuracy" in final else None,
         bytes_sent=sent,
         bytes_received=received,
         done=row.done,
+        error=final.get("error"),
     )
 
 

@@ -117,7 +117,9 @@ def get_job(session: Session, job_id: str) -> Job:
     """Return the job ``job_id``; raises :class:`NotFound`."""
     job = session.get(Job, job_id)
     if job is None:
-        raise NotFound(f"job {job_id!r} does not exist; list jobs with GET /jobs")
+        raise NotFound(
+            f"job {job_id!r} does not exist; list jobs with GET /api/v1/jobs or `meshfl job list`"
+        )
     return job
 
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.engine import status_payload
 from edge_agent.job import JobRunner
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Message, Transport
@@ -74,7 +75,9 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
     client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)
     try:
-        enrolment = client.enrol(config.token, config.name, {})
+        from edge_agent.probe import capability_profile
+
+        enrolment = client.enrol(config.token, config.name, capability_profile(None))
         client.retry_s = config.run_retry_s  # once enrolled, ride out longer outages
         device_id, fleet = enrolment["device_id"], enrolment["fleet"]
         if transport is None:
@@ -115,9 +118,22 @@ def _serve(
         if assignment is None or not _runnable(assignment, finished):
             time.sleep(config.poll_s)
             continue
+        job_id = assignment["job_id"]
+        finished.add(job_id)
         runner = JobRunner(config, client, transport, device_id, assignment)
-        runner.run(x, y)  # type: ignore[arg-type]
-        finished.add(assignment["job_id"])
+        try:
+            runner.run(x, y)  # type: ignore[arg-type]
+        except ConfigError as exc:  # this job does not fit this device: decline it
+            log.error("declining job %s: %s", job_id, exc)
+            transport.publish(
+                status_topic(fleet, device_id),
+                status_payload("declined", job_id),
+                retain=True,
+            )
+            client.post_decline(job_id, str(exc))
+            if config.once:
+                raise
+            transport.publish(status_topic(fleet, device_id), status_payload("online"), retain=True)
         if config.once:
             return
 
@@ -127,6 +143,4 @@ def _runnable(assignment: Assignment, finished: set[str]) -> bool:
 
 
 def _status(state: str) -> bytes:
-    from edge_agent.engine import status_payload
-
     return status_payload(state)

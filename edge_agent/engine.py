@@ -155,6 +155,12 @@ class GossipEngine:
             retain=True,
         )
 
+    def leave(self) -> None:
+        """Announce that this device left the job (finished, stopped or failed)."""
+        self.transport.publish(
+            status_topic(self.fleet, self.device_id), status_payload("online"), qos=1, retain=True
+        )
+
     def wait_ready(self, timeout_s: float) -> list[str]:
         """Wait until every neighbour announced this job or is offline (the start barrier).
 
@@ -273,12 +279,13 @@ class GossipEngine:
             state, job = status.get("state"), status.get("job")
         except (ValueError, AttributeError):
             return
-        if state == "offline":
+        if state == "offline" or (state == "declined" and job == self.job_id):
             self._offline.add(device)
-        elif state == "online":
+        elif state == "online" and job == self.job_id:
             self._offline.discard(device)
-            if job == self.job_id:
-                self._ready.add(device)
+            self._ready.add(device)
+        elif state == "online" and device in self._ready:
+            self._offline.add(device)  # it was in this job and has left it (done or stopped)
 
     def _on_envelope(self, topic_device: str | None, env: Envelope) -> None:
         if env.fleet != self.fleet or env.job != self.job_id:

@@ -105,8 +105,9 @@ class JobRunner:
             if round_ < spec["rounds"] and self._stopped():
                 log.info("job %s was stopped by the coordinator", self.job_id)
                 break
+        engine.leave()
         self.transport.flush(10.0)
-        path = self.config.out / f"{self.job_id}" / "model.pt"
+        path = self.config.out / self.job_id / self.config.name / "model.pt"
         trainer.save(path)
         self.client.post_done(
             self.job_id,

@@ -20,6 +20,7 @@ from meshfl.contract import (
     API_PREFIX,
     Assignment,
     CapabilityProfile,
+    DeviceDecline,
     DeviceDone,
     EnrolRequest,
     EnrolResponse,
@@ -94,6 +95,11 @@ class CoordinatorClient:
     def post_metrics(self, job_id: str, metrics: RoundMetrics) -> None:
         """Report one round's metrics (idempotent: a retried post is ignored)."""
         self._request("POST", f"/jobs/{job_id}/metrics", json=metrics)
+
+    def post_decline(self, job_id: str, reason: str) -> None:
+        """Tell the coordinator this device cannot take part in the job, and why."""
+        body: DeviceDecline = {"reason": reason}
+        self._request("POST", f"/jobs/{job_id}/decline", json=body)
 
     def post_done(self, job_id: str, done: DeviceDone) -> None:
         """Report that this device finished the job."""

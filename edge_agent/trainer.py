@@ -237,6 +237,7 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

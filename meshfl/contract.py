@@ -25,6 +25,7 @@ GET      /jobs/{job_id}/rounds                       admin    → list[RoundSumm
 GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
 POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
 POST     /jobs/{job_id}/done                         device   DeviceDone → 204
+POST     /jobs/{job_id}/decline                      device   DeviceDecline → 204
 =======  ==========================================  =======  ======================
 
 ``GET /healthz`` needs no auth.
@@ -40,6 +41,7 @@ __all__ = [
     "API_PREFIX",
     "Assignment",
     "CapabilityProfile",
+    "DeviceDecline",
     "DeviceDone",
     "DevicePublic",
     "EnrolRequest",
@@ -180,6 +182,12 @@ class DeviceDone(TypedDict):
     model_path: str
 
 
+class DeviceDecline(TypedDict):
+    """Why a device cannot take part in a job (its data does not fit the model, ...)."""
+
+    reason: str
+
+
 class RoundSummary(TypedDict):
     """One round aggregated over the devices that reported it."""
 
@@ -206,6 +214,7 @@ class JobDevicePublic(TypedDict):
     bytes_sent: int
     bytes_received: int
     done: bool
+    error: str | None  # the reason a device declined the job
 
 
 class TopologyPublic(TypedDict):

@@ -15,8 +15,9 @@ translated into this tree at the one place that talks to the library::
     ├── TopologyError          a graph or mixing matrix that violates an invariant
     ├── TransportError         the broker cannot be reached or refused us (transient or not)
     │   └── BrokerUnreachable  the broker did not answer at all
-    └── CoordinatorError       the coordinator refused a request or cannot be reached
-        └── CoordinatorUnreachable
+    ├── CoordinatorError       the coordinator refused a request or cannot be reached
+    │   └── CoordinatorUnreachable
+    └── Interrupted            the user pressed Ctrl-C; cleanup is done (exit code 130)
 
 The CLI prints ``str(error)`` as one line and exits non-zero; it never shows a
 traceback for a :class:`MeshflError`.
@@ -33,6 +34,7 @@ __all__ = [
     "CoordinatorError",
     "CoordinatorUnreachable",
     "DataError",
+    "Interrupted",
     "MeshflError",
     "TopologyError",
     "TransportError",
@@ -95,3 +97,9 @@ class CoordinatorError(MeshflError):
 
 class CoordinatorUnreachable(CoordinatorError):
     """The coordinator did not answer at the given URL."""
+
+
+class Interrupted(MeshflError):
+    """The user interrupted a command (Ctrl-C); what it started has been stopped."""
+
+    exit_code = 130

@@ -185,6 +185,7 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             np.savez(handle, **arrays)  # type: ignore[arg-type]
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

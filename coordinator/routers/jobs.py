@@ -9,6 +9,7 @@ from coordinator import lifecycle, reports, store, validation
 from coordinator.db import Job
 from coordinator.deps import AdminDep, DeviceDep, NowDep, SessionDep, SettingsDep
 from meshfl.contract import (
+    DeviceDecline,
     DeviceDone,
     JobPublic,
     JobSpec,
@@ -59,9 +60,12 @@ def get_job(
 
 
 @router.post("/{job_id}/start", response_model=JobPublic)
-def start_job(job_id: str, _: AdminDep, session: SessionDep, now: NowDep) -> JobPublic:
+def start_job(
+    job_id: str, _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+) -> JobPublic:
     """Pick the participants, plan the topology and mixing matrix, and run the job."""
-    return _public(session, lifecycle.start_job(session, store.get_job(session, job_id), now))
+    job = store.get_job(session, job_id)
+    return _public(session, lifecycle.start_job(session, job, now, settings.stale_after_s))
 
 
 @router.post("/{job_id}/stop", response_model=JobPublic)
@@ -88,7 +92,7 @@ def get_topology(job_id: str, _: AdminDep, session: SessionDep) -> TopologyPubli
     if job.topology is None:
         raise HTTPException(
             status.HTTP_409_CONFLICT,
-            f"job {job_id!r} has no topology yet; start it with POST /jobs/{job_id}/start",
+            f"job {job_id!r} has no topology yet; start it with POST /api/v1/jobs/{job_id}/start",
         )
     return reports.topology_public(job)
 
@@ -117,4 +121,15 @@ def post_done(
     """Record that a participant finished; the job completes when all have."""
     job = store.get_job(session, job_id)
     lifecycle.mark_done(session, job, store.participation(session, job, device), device, body, now)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{job_id}/decline", status_code=status.HTTP_204_NO_CONTENT)
+def post_decline(
+    job_id: str, body: DeviceDecline, device: DeviceDep, session: SessionDep, now: NowDep
+) -> Response:
+    """Record that a participant cannot take part (e.g. its data does not fit the model)."""
+    job = store.get_job(session, job_id)
+    row = store.participation(session, job, device)
+    lifecycle.mark_declined(session, job, row, device, body["reason"], now)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -7,12 +7,14 @@ neighbour's message to ``incoming(sender, tensors)`` (exactly once), and then ca
 
 from meshfl.aggregation.choco import ChocoGossip
 from meshfl.aggregation.dpsgd import DPSGDGossip
+from meshfl.aggregation.error_feedback import ErrorFeedback
 from meshfl.aggregation.protocol import GossipAlgorithm
 from meshfl.aggregation.sketch import consensus_distance, consensus_sketch
 
 __all__ = [
     "ChocoGossip",
     "DPSGDGossip",
+    "ErrorFeedback",
     "GossipAlgorithm",
     "consensus_distance",
     "consensus_sketch",

@@ -37,28 +37,40 @@ app.add_typer(data_app, name="data")
 app.command("local")(local)
 
 
+# An optional dependency missing from this install, and the extra that brings it.
+_EXTRAS = {
+    "torch": "agent", "paho": "agent", "sklearn": "agent", "psutil": "agent",
+    "fastapi": "coordinator", "uvicorn": "coordinator", "sqlalchemy": "coordinator",
+    "alembic": "coordinator", "pydantic_settings": "coordinator", "amqtt": "broker",
+    "matplotlib": "local",
+}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``meshfl`` console script."""
+    """Entry point of the ``meshfl`` console script.
+
+    Usage errors are click's (usage line, exit code 2); a :class:`MeshflError` prints
+    ``meshfl: error: <one line>`` and exits with its code; Ctrl-C exits with 130.
+    """
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="meshfl")
     except MeshflError as exc:
         print(f"meshfl: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("meshfl: interrupted", file=sys.stderr)
         sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click's usage errors arrive here too
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
-            print("meshfl: interrupted", file=sys.stderr)
-            sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").split(".")[0]
+        if root not in _EXTRAS:
+            raise
+        extra = _EXTRAS[root]
+        print(
+            f"meshfl: error: this command needs {root}, which comes with the '{extra}' extra:"
+            f' pip install "meshfl[{extra}]" (or ".[{extra}]" from a checkout)',
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def setup_logging(verbose: bool = False, prefix: str = "") -> None:

@@ -12,8 +12,13 @@ agent_app = typer.Typer(help="Run an edge agent on this device.", no_args_is_hel
 
 @agent_app.command("run")
 def run(
-    coordinator: Annotated[str, typer.Option(help="Coordinator URL, e.g. http://10.0.0.5:8080.")],
-    token: Annotated[str, typer.Option(help="The fleet's enrolment token.")],
+    coordinator: Annotated[
+        str,
+        typer.Option(
+            envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."
+        ),
+    ],
+    token: Annotated[str, typer.Option(envvar="MESHFL_TOKEN", help="The fleet's enrolment token.")],
     data: Annotated[Path, typer.Option(help="Local training data: .npz (x, y) or .csv.")],
     broker: Annotated[
         str | None, typer.Option(help="Broker URL (mqtt://HOST:PORT); default: the coordinator's.")
@@ -28,7 +33,7 @@ def run(
     ),
     once: Annotated[bool, typer.Option(help="Exit after one job.")] = False,
     threads: Annotated[int, typer.Option(help="Torch threads for training.")] = 1,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     """Enrol with the coordinator, connect to the broker and run the jobs assigned."""
     import signal

@@ -23,8 +23,8 @@ def partition(
 ) -> None:
     """Split DATASET 80/20 (stratified), then the training part over DEVICES by Dirichlet(α).
 
-    Writes ``device-{i}.npz`` (arrays ``x``, ``y`` and the test split as ``x_test``,
-    ``y_test``) and ``test.npz``. With the defaults this is exactly workload W1.
+    Writes device-N.npz (arrays x, y, and the test split as x_test, y_test) and
+    test.npz. With the defaults this is exactly workload W1.
     """
     from meshfl.errors import ConfigError
     from models.datasets import (

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from meshfl.contract import RoundSummary
+from meshfl.errors import MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.run import DEFAULTS
 
@@ -72,10 +73,25 @@ def start(
         "sketch_dim": DEFAULTS.sketch_dim,
     }
     job = client.create_job(spec)  # type: ignore[arg-type]
-    job = client.start_job(job["job_id"])
+    try:
+        job = client.start_job(job["job_id"])
+    except MeshflError:
+        client.stop_job(job["job_id"])  # leave no job behind that can never start
+        raise
     typer.echo(f"job {job['job_id']} started on {len(job['devices'])} devices")
     if follow:
         _follow(client, job["job_id"])
+
+
+@job_app.command("list")
+def list_jobs(coordinator: Coordinator, admin_token: AdminToken) -> None:
+    """List every job with its status and devices."""
+    for job in AdminClient(coordinator, admin_token).jobs():
+        spec = job["spec"]
+        typer.echo(
+            f"{job['job_id']}  {job['status']:<9}  {len(job['devices'])} devices"
+            f"  {spec['algorithm']} {spec['codec']} {spec['topology']} {spec['rounds']} rounds"
+        )
 
 
 @job_app.command("status")
@@ -89,6 +105,7 @@ def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> No
         typer.echo(
             f"  {d['name']:<16} rounds {d['rounds_reported']:>3}  final accuracy {acc}"
             f"  missing rounds {d['missing_rounds'] or '-'}"
+            + (f"  declined: {d['error']}" if d["error"] else "")
         )
     for r in client.rounds(job_id):
         typer.echo(_line(r))
@@ -102,14 +119,22 @@ def stop(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None
 
 
 def _follow(client: AdminClient, job_id: str) -> None:
+    from meshfl.local.admin import settled_rounds
+
     printed = 0
     while True:
+        job = client.job(job_id)
+        ended = job["status"] != "running"
+        alive = sum(d["error"] is None for d in job["devices"])
         rounds = client.rounds(job_id)
-        for r in rounds[printed:]:
+        for r in rounds[printed:] if ended else settled_rounds(rounds, alive)[printed:]:
             typer.echo(_line(r))
-        printed = len(rounds)
-        if client.job(job_id)["status"] != "running":
-            typer.echo(f"job {job_id}: {client.job(job_id)['status']}")
+            printed += 1
+        if ended:
+            for d in job["devices"]:
+                if d["error"]:
+                    typer.echo(f"{d['name']} declined: {d['error']}")
+            typer.echo(f"job {job_id}: {job['status']}")
             return
         time.sleep(1.0)
 

@@ -40,7 +40,8 @@ def local(
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
 
-    from meshfl.local.run import LocalConfig, run_local
+    from meshfl.errors import Interrupted
+    from meshfl.local.run import LocalConfig, run_local, validate
 
     config = LocalConfig(
         agents=agents,
@@ -60,6 +61,7 @@ def local(
         out=out,
         label_column=label_column,
     )
+    validate(config)
     console = Console()
     console.print(
         f"[bold]meshfl local[/]: {agents} agents, {algorithm} {codec}, {topology},"
@@ -69,6 +71,8 @@ def local(
     try:
         with view:
             result = run_local(config, show=view.update)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; every process of the run was stopped") from None
     finally:
         view.close()
     final = result.report["final"]
@@ -121,7 +125,7 @@ class _RoundView:
             self.live.update(self._table(rounds))
             return
         if self.printed == 0:
-            self.console.print("round mean_acc min_acc consensus sent_kB total_MB elapsed_s")
+            self.console.print(" ".join(f"{h:>{w}}" for h, w in zip(_HEADER, _WIDTHS, strict=True)))
         for r in rounds[self.printed :]:
             self.console.print(" ".join(_cells(r, _total(rounds, r["round"]))), highlight=False)
         self.printed = len(rounds)
@@ -149,17 +153,22 @@ def _total(rounds: list[RoundSummary], upto: int) -> int:
     return sum(r["bytes_sent"] for r in rounds if r["round"] <= upto)
 
 
+_HEADER = ("round", "mean acc", "min acc", "consensus", "sent kB", "total MB", "elapsed s")
+_WIDTHS = (5, 8, 8, 10, 9, 9, 9)
+
+
 def _cells(r: RoundSummary, total: int) -> list[str]:
     cd = r["consensus_distance"]
-    return [
-        f"{r['round']:>3}",
+    values = [
+        str(r["round"]),
         f"{r['mean_accuracy']:.4f}",
         f"{r['min_accuracy']:.4f}",
-        "-" if cd is None else f"{cd:.3g}",
-        f"{r['bytes_sent'] / 1e3:9.1f}",
-        f"{total / 1e6:8.3f}",
-        f"{r['elapsed_s']:7.1f}",
+        "-" if cd is None else f"{cd:.3e}",
+        f"{r['bytes_sent'] / 1e3:.1f}",
+        f"{total / 1e6:.3f}",
+        f"{r['elapsed_s']:.1f}",
     ]
+    return [f"{v:>{w}}" for v, w in zip(values, _WIDTHS, strict=True)]
 
 
 def _ranges(values: list[int]) -> str:

@@ -30,10 +30,22 @@ def coordinator_serve(
 ) -> None:
     """Serve the coordinator's REST API (OpenAPI docs at /docs).
 
-    Every option can also be set by an environment variable ``MESHFL_COORDINATOR_<NAME>``.
+    Every option can also be set by an environment variable MESHFL_COORDINATOR_<NAME>
+    (e.g. MESHFL_COORDINATOR_DB_URL); without --broker-url devices need --broker.
     """
+    import socket
+
     from coordinator.server import serve
     from coordinator.settings import CoordinatorSettings
+    from meshfl.errors import ConfigError
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); choose another with --port"
+            ) from None
 
     overrides: dict[str, Any] = {
         "db_url": db,

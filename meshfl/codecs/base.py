@@ -26,6 +26,8 @@ __all__ = [
     "check_payload",
     "check_shape",
     "make_rng",
+    "per_chunk",
+    "reduce_chunks",
 ]
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -152,6 +154,64 @@ def check_finite_float32(x: np.ndarray) -> np.ndarray:
     if not bool(np.isfinite(out).all()):
         raise CodecError("tensor contains NaN or inf; refusing to encode it")
     return out
+
+
+def per_chunk(
+    op: np.ufunc, values: np.ndarray, operands: np.ndarray, chunk: int, out: np.ndarray
+) -> None:
+    """Apply ``out[i] = op(values[i], operands[i // chunk])`` without padding the tensor.
+
+    Parameters
+    ----------
+    op : np.ufunc
+        A binary ufunc such as ``np.multiply``.
+    values : np.ndarray
+        shape (n,).
+    operands : np.ndarray
+        shape (ceil(n / chunk),), one operand per chunk.
+    chunk : int
+        Elements per chunk, ``>= 1``.
+    out : np.ndarray
+        shape (n,), written in place.
+
+    """
+    n = values.size
+    full = (n // chunk) * chunk
+    if full:
+        op(
+            values[:full].reshape(-1, chunk),
+            operands[: n // chunk, None],
+            out=out[:full].reshape(-1, chunk),
+        )
+    if full < n:
+        op(values[full:], operands[-1], out=out[full:])
+
+
+def reduce_chunks(
+    op: np.ufunc, values: np.ndarray, chunk: int, dtype: type | None = None
+) -> np.ndarray:
+    """Return ``op.reduce`` of each chunk of ``values`` (shape (ceil(n / chunk),)).
+
+    Parameters
+    ----------
+    op : np.ufunc
+        A reducing ufunc such as ``np.maximum`` or ``np.add``.
+    values : np.ndarray
+        shape (n,), ``n >= 1``.
+    chunk : int
+        Elements per chunk, ``>= 1``.
+    dtype : type or None
+        Accumulator dtype (``None``: that of ``values``).
+
+    """
+    n = values.size
+    full = (n // chunk) * chunk
+    parts = []
+    if full:
+        parts.append(op.reduce(values[:full].reshape(-1, chunk), axis=1, dtype=dtype))
+    if full < n:
+        parts.append(op.reduce(values[full:], keepdims=True, dtype=dtype))
+    return np.concatenate(parts)
 
 
 class Codec(ABC):

@@ -7,8 +7,9 @@ of BFLOAT16 for Deep Learning Training", 2019). Rounding works on the float32 bi
     h = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
 
 Finite inputs that would round up to infinity (|x| > 3.3895e38) saturate to the largest
-finite bfloat16, ``±0x7F7F``. Error bound: ``|x̂ − x| ≤ 2⁻⁹ |x|`` for normal ``x`` below
-the saturation point, ``≤ 2⁻⁸ |x|`` above it, and ``≤ 2⁻¹³⁴`` for float32 subnormals.
+finite bfloat16, ``±0x7F7F``. Error bound: ``|x̂ − x| ≤ 2⁻⁸ |x|`` for normal ``x`` (the
+unit roundoff of an 8-bit significand; saturation stays within it) and ``≤ 2⁻¹³⁴`` for
+float32 subnormals.
 
 Payload layout: ``u16 bits[n]``, little-endian, C order (``2n`` bytes, no header).
 """

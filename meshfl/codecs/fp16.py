@@ -10,7 +10,8 @@ Training", ICLR 2018, Sec. 3.2) applied per tensor. Rounding is IEEE round-to-ne
     x̂_i = fp16(x_i · 2^−e) · 2^e,   |x̂_i − x_i| ≤ 2⁻¹¹ |x_i| + 2^(e−25)
 
 and ``2^e ≤ 2⁻¹⁴ max|x|``, so the absolute term is at most ``2⁻³⁹ max|x|`` (elements
-below that become zero; float32 subnormal rounding can add up to 2⁻¹⁴⁹).
+below that become zero; float32 subnormal rounding can add up to 2⁻¹⁴⁹). Values within
+2⁻¹¹ of the float32 maximum saturate at ``32752 · 2¹¹³`` instead of rounding to infinity.
 
 Payload layout (little-endian)::
 
@@ -34,6 +35,7 @@ _HEADER = struct.Struct("<h")
 _TOP_EXPONENT = 15  # max|x| · 2^−e lands in [2^14, 2^15)
 _MAX_E = 128 - 15
 _MIN_E = -149 - 15
+_SATURATE = np.float16(32752.0)  # largest float16 below 2^15
 
 
 def scale_pow2(x: np.ndarray, e: int) -> np.ndarray:
@@ -74,6 +76,8 @@ class Float16(Codec):
         e = 0 if peak == 0.0 else int(np.frexp(peak)[1]) - _TOP_EXPONENT
         with np.errstate(under="ignore"):
             half = scale_pow2(flat, -e).astype("<f2")
+        if e == _MAX_E:  # 2^15 · 2^113 would overflow float32: saturate below it
+            np.clip(half, -_SATURATE, _SATURATE, out=half)
         return _HEADER.pack(e) + half.tobytes()
 
     @classmethod
@@ -97,7 +101,7 @@ class Float16(Codec):
         if not _MIN_E <= e <= _MAX_E:
             raise CodecError(f"fp16 exponent {e} is outside [{_MIN_E}, {_MAX_E}]")
         half = np.frombuffer(buf, dtype="<f2", offset=_HEADER.size)
-        with np.errstate(over="ignore", under="ignore"):
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             out = scale_pow2(half.astype(np.float32), e)
         if not bool(np.isfinite(out).all()):
             raise CodecError("fp16 payload decodes to NaN or inf")

@@ -30,6 +30,7 @@ from meshfl.codecs.base import (
     check_finite_float32,
     check_payload,
     check_shape,
+    per_chunk,
 )
 from meshfl.errors import CodecError, CodecSpecError
 
@@ -89,10 +90,11 @@ class Int8(Codec):
         divisor = np.where(scales > 0, scales, np.float32(1))
         ratio = mag  # reuse the buffer
         with np.errstate(under="ignore"):
-            _per_chunk(np.divide, flat, divisor, b, ratio)
+            per_chunk(np.divide, flat, divisor, b, ratio)
         np.rint(ratio, out=ratio)
         np.clip(ratio, -127, 127, out=ratio)
-        return _HEADER.pack(b) + scales.astype("<f4").tobytes() + ratio.astype(np.int8).tobytes()
+        body: bytes = scales.astype("<f4").tobytes() + ratio.astype(np.int8).tobytes()
+        return _HEADER.pack(b) + body
 
     @classmethod
     def decode(cls, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
@@ -125,7 +127,7 @@ class Int8(Codec):
         if bool(scales.size) and float(scales.max()) * 127.0 > F32_MAX:
             raise CodecError("int8 payload holds a scale whose products overflow float32")
         out = np.empty(n, dtype=np.float32)
-        _per_chunk(np.multiply, q, scales, b, out)
+        per_chunk(np.multiply, q, scales, b, out)
         return out.reshape(shape)
 
     def estimate_ratio(self, numel: int) -> float:
@@ -138,19 +140,3 @@ class Int8(Codec):
     def spec(self) -> str:
         """``"int8"`` for the default chunk, else ``"int8:CHUNK"``."""
         return "int8" if self.chunk == DEFAULT_CHUNK else f"int8:{self.chunk}"
-
-
-def _per_chunk(
-    op: np.ufunc, values: np.ndarray, per_chunk: np.ndarray, chunk: int, out: np.ndarray
-) -> None:
-    """Apply ``out[i] = op(values[i], per_chunk[i // chunk])`` without padding the tensor."""
-    n = values.size
-    full = (n // chunk) * chunk
-    if full:
-        op(
-            values[:full].reshape(-1, chunk),
-            per_chunk[: n // chunk, None],
-            out=out[:full].reshape(-1, chunk),
-        )
-    if full < n:
-        op(values[full:], per_chunk[-1], out=out[full:])

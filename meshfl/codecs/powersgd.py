@@ -86,7 +86,7 @@ class PowerSGD(Codec):
         self._rng = make_rng(seed)
 
     def is_low_rank(self, shape: tuple[int, ...]) -> bool:
-        """Return whether a tensor of ``shape`` is sent as factors (``ndim >= 2`` and ``r(m+n) < mn``)."""
+        """Return whether ``shape`` is sent as factors: ``ndim >= 2`` and ``r(m + n) < mn``."""
         if len(shape) < 2:
             return False
         m, n = _matrix_dims(shape)
@@ -163,7 +163,7 @@ class PowerSGD(Codec):
         return self.ratio_for_shape((side, numel // side)) if numel else 0.0
 
     def ratio_for_shape(self, shape: tuple[int, ...]) -> float:
-        """Return the exact ratio ``4·prod(shape) / payload_bytes`` for ``shape`` (0.0 when empty)."""
+        """Return the exact ratio ``4·prod(shape) / payload_bytes`` (0.0 when empty)."""
         numel = math.prod(shape)
         if numel == 0:
             return 0.0

@@ -7,11 +7,15 @@ Quantization and Encoding", NeurIPS 2017, Sec. 3.1::
     ξ_i = (l + 1)/s  with probability  p = |v_i| s/‖v‖₂ − l,   else  l/s,
     l = ⌊|v_i| s/‖v‖₂⌋ ∈ {0, …, s−1}
 
-so ``E[Q_s(v)] = v`` (Lemma 3.1 (i)) and ``E‖Q_s(v) − v‖² ≤ min(n/s², √n/s) ‖v‖²``
-(Lemma 3.1 (ii)). The norm is computed in float32 and raised to ``max|v_i|`` if rounding
-left it below, which keeps ``E[Q] = v`` exactly for any such scale. The randomness comes
-from the codec's own ``np.random.Generator`` (``seed`` makes it reproducible); the decoder
-needs none. Only Elias coding of the levels is left out: levels are bit-packed.
+so ``E[Q_s(v)] = v`` (Lemma 3.1 (i)) and ``E‖Q_s(v) − v‖² ≤ min(d/s², √d/s) ‖v‖²``
+(Lemma 3.1 (ii)) where ``d`` is the length of ``v``. As in the paper's experiments
+(Sec. 5, "bucket size"), ``v`` is each bucket of ``d`` consecutive elements (default 512)
+with its own norm; one bucket for a whole 10M-element tensor would give a relative error
+of √(√n/s) ≈ 14 at s = 16. Each norm is computed in float64 and raised to the bucket's
+``max|v_i|`` if float32 rounding left it below, which keeps ``E[Q] = v`` exactly. The
+randomness comes from the codec's own ``np.random.Generator`` (``seed`` makes it
+reproducible); the decoder needs none. Elias coding of the levels is left out: levels
+are bit-packed.
 
 Each element is one code of ``w = ⌈log₂(s + 1)⌉ + 1`` bits, ``code = l | sign << (w − 1)``
 (sign 1 for negative), packed LSB first (:mod:`meshfl.codecs.bitpack`).
@@ -19,7 +23,8 @@ Each element is one code of ``w = ⌈log₂(s + 1)⌉ + 1`` bits, ``code = l | s
 Payload layout (little-endian)::
 
     u16  s          levels, 1..65535
-    f32  norm       the scale τ ≥ max|v_i| (0 for a zero tensor)
+    u32  d          bucket size in elements, >= 1
+    f32  norms[B]   B = ceil(n/d); bucket b's scale τ_b ≥ max|v_i| over the bucket
     ...  codes      ceil(n·w/8) bytes
 """
 
@@ -38,13 +43,17 @@ from meshfl.codecs.base import (
     check_payload,
     check_shape,
     make_rng,
+    per_chunk,
+    reduce_chunks,
 )
 from meshfl.codecs.bitpack import pack_codes, packed_size, unpack_codes
 from meshfl.errors import CodecError, CodecSpecError
 
-__all__ = ["QSGD", "code_width"]
+__all__ = ["DEFAULT_BUCKET", "QSGD", "code_width"]
 
-_HEADER = struct.Struct("<Hf")
+_HEADER = struct.Struct("<HI")
+DEFAULT_BUCKET = 512
+_MAX_BUCKET = 2**32 - 1
 _MAX_LEVELS = 2**16 - 1
 
 
@@ -54,12 +63,16 @@ def code_width(levels: int) -> int:
 
 
 class QSGD(Codec):
-    """Stochastic quantization to ``s`` levels; spec ``"qsgd:S"``, tag 6. Unbiased.
+    """Stochastic quantization to ``s`` levels; spec ``"qsgd:S"`` or ``"qsgd:S:BUCKET"``, tag 6.
+
+    Unbiased: ``E[decode(encode(x))] = x``.
 
     Parameters
     ----------
     levels : int
         ``s``, the number of non-zero levels per sign, ``1 <= s <= 65535``.
+    bucket : int, default 512
+        Elements per norm, ``1 <= bucket < 2**32``.
     seed : int or None, default None
         Seed of the encoder's generator; ``None`` draws OS entropy. Not part of the spec.
 
@@ -72,9 +85,9 @@ class QSGD(Codec):
 
     tag: ClassVar[int] = CodecTag.QSGD
     name: ClassVar[str] = "qsgd"
-    __slots__ = ("_rng", "levels")
+    __slots__ = ("_rng", "bucket", "levels")
 
-    def __init__(self, levels: int, seed: int | None = None) -> None:
+    def __init__(self, levels: int, bucket: int = DEFAULT_BUCKET, seed: int | None = None) -> None:
         if (
             isinstance(levels, bool)
             or not isinstance(levels, int)
@@ -83,7 +96,10 @@ class QSGD(Codec):
             raise CodecSpecError(
                 f"qsgd levels must be an int in [1, {_MAX_LEVELS}], got {levels!r}"
             )
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or not 0 < bucket <= _MAX_BUCKET:
+            raise CodecSpecError(f"qsgd bucket must be an int in [1, 2**32), got {bucket!r}")
         self.levels = levels
+        self.bucket = bucket
         self._rng = make_rng(seed)
 
     def encode(self, x: np.ndarray) -> bytes:
@@ -97,27 +113,28 @@ class QSGD(Codec):
 
         """
         flat = check_finite_float32(x).reshape(-1)
-        s, width = self.levels, code_width(self.levels)
+        s, d, width = self.levels, self.bucket, code_width(self.levels)
+        if flat.size == 0:
+            return _HEADER.pack(s, d)
         mag = np.abs(flat)
-        peak = float(mag.max()) if flat.size else 0.0
-        if peak == 0.0:
-            return _HEADER.pack(s, 0.0) + bytes(packed_size(flat.size, width))
-        unit = mag / np.float32(peak)
-        tau = peak * float(np.sqrt(np.add.reduce(np.square(unit), dtype=np.float64)))
-        if tau > F32_MAX / 2:
-            raise CodecError(f"qsgd cannot quantize a tensor of norm {tau:.3g} (> 1.7e38)")
-        norm = max(np.float32(tau), np.float32(peak))
-        factor = s / float(norm)
-        if factor <= F32_MAX:
-            ratio = mag * np.float32(factor)
-        else:  # a subnormal norm: scale in float64
-            ratio = (mag.astype(np.float64) * factor).astype(np.float32)
+        peaks = reduce_chunks(np.maximum, mag, d)
+        unit = np.empty_like(mag)
+        per_chunk(np.divide, mag, np.where(peaks > 0, peaks, np.float32(1)), d, unit)
+        sums = reduce_chunks(np.add, np.square(unit, out=unit), d, dtype=np.float64)
+        tau = peaks.astype(np.float64) * np.sqrt(sums)
+        if float(tau.max()) > F32_MAX / 2:
+            raise CodecError(f"qsgd cannot quantize a bucket of norm {tau.max():.3g} (> 1.7e38)")
+        norms = np.maximum(tau.astype(np.float32), peaks)
+        ratio = unit  # reuse the buffer: |v_i| / τ_b · s
+        per_chunk(np.divide, mag, np.where(norms > 0, norms, np.float32(1)), d, ratio)
+        ratio *= np.float32(s)
         level = np.floor(ratio)
         ratio -= level  # now the probability of rounding up
         level += self._rng.random(flat.size, dtype=np.float32) < ratio
         codes = np.minimum(level, s).astype(np.uint32)
         codes |= (flat < 0).astype(np.uint32) << np.uint32(width - 1)
-        return _HEADER.pack(s, float(norm)) + pack_codes(codes, width)
+        body: bytes = norms.astype("<f4").tobytes() + pack_codes(codes, width)
+        return _HEADER.pack(s, d) + body
 
     @classmethod
     def decode(cls, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
@@ -134,32 +151,38 @@ class QSGD(Codec):
         buf = check_payload(payload)
         if len(buf) < _HEADER.size:
             raise CodecError(f"qsgd payload of {len(buf)} bytes is shorter than its header")
-        s, norm = _HEADER.unpack_from(buf)
-        if s == 0:
-            raise CodecError("qsgd payload has 0 levels")
-        if not (0.0 <= norm <= F32_MAX / 2):
-            raise CodecError(f"qsgd payload has an invalid norm {norm!r}")
+        s, d = _HEADER.unpack_from(buf)
+        if s == 0 or d == 0:
+            raise CodecError(f"qsgd payload has {s} levels and bucket size {d}")
+        buckets = -(-n // d)
+        start = _HEADER.size + 4 * buckets
+        if len(buf) < start:
+            raise CodecError("qsgd payload is truncated inside its norms")
+        norms = np.frombuffer(buf, dtype="<f4", count=buckets, offset=_HEADER.size)
+        if not bool(((norms >= 0) & (norms <= F32_MAX / 2)).all()):
+            raise CodecError("qsgd payload holds a negative, non-finite or too large norm")
         width = code_width(s)
-        codes = unpack_codes(buf[_HEADER.size :], n, width)
+        codes = unpack_codes(buf[start:], n, width)
         sign_bit = np.uint32(1 << (width - 1))
         level = codes & (sign_bit - np.uint32(1))
         if n and int(level.max()) > s:
             raise CodecError(f"qsgd payload holds a level above s = {s}")
-        step = norm / s
-        if step >= 2.0**-126:
-            out = level.astype(np.float32) * np.float32(step)
-        else:  # keep subnormal steps exact
-            out = (level.astype(np.float64) * step).astype(np.float32)
+        out = level.astype(np.float32)
+        out *= np.float32(1.0 / s)
+        per_chunk(np.multiply, out, norms, d, out)
         np.negative(out, out=out, where=(codes & sign_bit).astype(np.bool_))
         return out.reshape(shape)
 
     def estimate_ratio(self, numel: int) -> float:
-        """Return ``4n / (6 + ceil(n·w/8))`` with ``w = code_width(s)`` (0.0 when empty)."""
+        """Return ``4n / (6 + 4·ceil(n/d) + ceil(n·w/8))``, ``w = code_width(s)``; 0.0 if empty."""
         if numel == 0:
             return 0.0
-        return 4.0 * numel / (_HEADER.size + packed_size(numel, code_width(self.levels)))
+        norms = 4 * (-(-numel // self.bucket))
+        return 4.0 * numel / (_HEADER.size + norms + packed_size(numel, code_width(self.levels)))
 
     @property
     def spec(self) -> str:
-        """``"qsgd:S"``."""
-        return f"qsgd:{self.levels}"
+        """``"qsgd:S"`` for the default bucket, else ``"qsgd:S:BUCKET"``."""
+        if self.bucket == DEFAULT_BUCKET:
+            return f"qsgd:{self.levels}"
+        return f"qsgd:{self.levels}:{self.bucket}"

@@ -15,9 +15,10 @@ never the indices: sender and receivers regenerate the same index set.
 
 Index generation uses only the PCG64 bit stream (``np.random.PCG64(seed).random_raw``),
 which NumPy keeps stable across releases, and this module's own code: draw indices
-``⌊(r >> 32) · n / 2³²⌋`` (uniform up to ``n/2³²``) and keep the first ``k`` distinct ones
-in draw order — a uniform ``k``-subset. When ``k > n/2`` the ``n − k`` dropped indices
-are drawn instead. Indices are applied in ascending order.
+``⌊(r >> 32) · n / 2³²⌋`` (uniform up to ``n/2³²``) until ``k`` are distinct, then drop a
+random subset of the excess, drawn the same way (:func:`random_indices`) — a uniform
+``k``-subset. When ``k > n/2`` the ``n − k`` dropped indices are drawn instead. Indices
+are applied in ascending order.
 
 Payload layout (little-endian)::
 
@@ -55,6 +56,9 @@ _MAX_NUMEL = 2**32 - 1
 def random_indices(seed: int, n: int, k: int) -> np.ndarray:
     """Return ``k`` distinct indices in ``[0, n)``, sorted, determined by ``seed`` alone.
 
+    This function is part of the wire format of tag 7: sender and receivers must agree
+    on it bit for bit. It reads ``np.random.PCG64(seed).random_raw`` only.
+
     Parameters
     ----------
     seed : int
@@ -68,28 +72,47 @@ def random_indices(seed: int, n: int, k: int) -> np.ndarray:
         int64, shape (k,), strictly increasing.
 
     """
+    return _subset(np.random.PCG64(seed), n, k)
+
+
+def _subset(bits: np.random.PCG64, n: int, k: int) -> np.ndarray:
+    """Uniform random ``k``-subset of ``[0, n)``, sorted (see the module docstring).
+
+    Draw batches of ``⌈n ln((n − c)/(n − k))⌉`` indices (the expected number to reach
+    ``k`` distinct from ``c``) until at least ``k`` are distinct, then drop a uniform
+    random subset of the excess, chosen by this same procedure. The distinct set of
+    i.i.d. uniform draws is exchangeable, so the result is a uniform ``k``-subset; the
+    set (not the order of discovery) is what the method fixes, so sort-based and
+    mask-based unions give identical results.
+    """
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
     if k >= n:
         return np.arange(n, dtype=np.int64)
-    drop = k > n // 2
-    want = n - k if drop else k
-    bits = np.random.PCG64(seed)
-    draws = np.zeros(0, dtype=np.int64)
-    distinct = 0
-    expected = n * (math.log(n) - math.log(n - want)) if want else 0.0
-    batch = int(expected * 1.05) + 64
-    while distinct < want:
+    if k > n // 2:
+        mask = np.ones(n, dtype=np.bool_)
+        mask[_subset(bits, n, n - k)] = False
+        return np.flatnonzero(mask).astype(np.int64)
+    dense = 64 * k >= n  # a bitmap of n is cheaper than sorting the draws
+    seen = np.zeros(n if dense else 0, dtype=np.bool_)
+    found = np.zeros(0, dtype=np.int64)
+    count = 0
+    while count < k:
+        batch = max(1, math.ceil(n * (math.log(n - count) - math.log(n - k))))
         raw = bits.random_raw(batch)
-        new = ((raw >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32)
-        draws = np.concatenate([draws, new.astype(np.int64)])
-        values, first = np.unique(draws, return_index=True)
-        distinct = values.size
-        batch = max(64, batch // 4)
-    chosen = values[np.argsort(first, kind="stable")[:want]] if want else values[:0]
-    if not drop:
-        return np.sort(chosen)
-    mask = np.ones(n, dtype=np.bool_)
-    mask[chosen] = False
-    return np.flatnonzero(mask).astype(np.int64)
+        draws = (((raw >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32)).astype(np.int64)
+        if dense:
+            seen[draws] = True
+            count = int(np.count_nonzero(seen))
+        else:
+            found = np.sort(np.concatenate([found, draws]))
+            found = found[np.concatenate(([True], found[1:] != found[:-1]))]
+            count = found.size
+    if dense:
+        found = np.flatnonzero(seen).astype(np.int64)
+    if count > k:
+        found = np.delete(found, _subset(bits, count, count - k))
+    return found
 
 
 class RandK(Codec):
@@ -147,7 +170,8 @@ class RandK(Codec):
             if float(np.max(np.abs(values))) * scale > F32_MAX:
                 raise CodecError("random-k scaled values overflow float32")
             values = (values.astype(np.float64) * scale).astype(np.float32)
-        return _HEADER.pack(seed, k) + values.astype("<f4").tobytes()
+        body: bytes = values.astype("<f4").tobytes()
+        return _HEADER.pack(seed, k) + body
 
     @classmethod
     def decode(cls, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from meshfl.codecs.base import Codec, CodecTag, as_float32, check_payload, check_shape
+from meshfl.codecs.base import F32_MAX, Codec, CodecTag, as_float32, check_payload, check_shape
 from meshfl.errors import CodecError
 
 __all__ = ["Sign"]
@@ -57,7 +57,8 @@ class Sign(Codec):
         """
         flat = as_float32(x).reshape(-1)
         mag = np.abs(flat)
-        total = float(np.add.reduce(mag))  # float32, pairwise
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(np.add.reduce(mag))  # float32, pairwise
         if not np.isfinite(total):  # overflow of the float32 sum, or NaN/inf in x
             total = float(np.add.reduce(mag, dtype=np.float64))
             if not np.isfinite(total):
@@ -87,9 +88,13 @@ class Sign(Codec):
         if n % 8 and buf[-1] >> (n % 8):
             raise CodecError("sign payload has padding bits set")
         packed = np.frombuffer(buf, dtype=np.uint8, offset=_HEADER.size)
-        negative = np.unpackbits(packed, count=n, bitorder="little").view(np.bool_)
-        out = np.full(n, scale, dtype=np.float32)
-        np.negative(out, out=out, where=negative)
+        bits = np.unpackbits(packed, count=n, bitorder="little")
+        out = bits.astype(np.float32)
+        if scale <= F32_MAX / 2:  # s − 2s·b is exact, and 2s does not overflow
+            out *= np.float32(-2.0 * scale)
+            out += np.float32(scale)
+        else:
+            out = np.where(bits.view(np.bool_), np.float32(-scale), np.float32(scale))
         return out.reshape(shape)
 
     def estimate_ratio(self, numel: int) -> float:

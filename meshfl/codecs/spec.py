@@ -5,7 +5,7 @@ Grammar (case and surrounding spaces ignored)::
     spec  := base [ "+zstd" [ ":" LEVEL ] ]
     base  := "identity" | "fp32" | "fp16" | "bf16" | "sign"
            | "int8" [ ":" CHUNK ]             CHUNK  int >= 1, default 1024
-           | "qsgd:" S                        S      int in [1, 65535]
+           | "qsgd:" S [ ":" BUCKET ]          S      int in [1, 65535], BUCKET default 512
            | "topk:" DENSITY                  DENSITY in (0, 1]
            | "randk:" DENSITY [ ":unbiased" ]
            | "powersgd:" R                    R      int in [1, 65535]
@@ -28,13 +28,13 @@ from meshfl.codecs.qsgd import QSGD
 from meshfl.codecs.randk import RandK
 from meshfl.codecs.sign import Sign
 from meshfl.codecs.topk import TopK
-from meshfl.codecs.zstd import Zstd
+from meshfl.codecs.zstd import DEFAULT_LEVEL, Zstd
 from meshfl.errors import CodecSpecError
 
 __all__ = ["VALID_FORMS", "parse_codec"]
 
 VALID_FORMS = (
-    "identity|fp32, fp16, bf16, int8[:CHUNK], qsgd:S, topk:DENSITY (0 < DENSITY <= 1), "
+    "identity|fp32, fp16, bf16, int8[:CHUNK], qsgd:S[:BUCKET], topk:DENSITY (0 < DENSITY <= 1), "
     "randk:DENSITY[:unbiased], sign, powersgd:RANK, each optionally +zstd[:LEVEL]"
 )
 
@@ -75,7 +75,10 @@ def _base(spec: str, text: str, seed: int | None) -> Codec:
         if kind == "int8":
             return Int8(_int(spec, arg, "chunk")) if text != kind else Int8()
         if kind == "qsgd":
-            return QSGD(_int(spec, arg, "levels"), seed=seed)
+            levels, colon, bucket = arg.partition(":")
+            if colon:
+                return QSGD(_int(spec, levels, "levels"), _int(spec, bucket, "bucket"), seed=seed)
+            return QSGD(_int(spec, levels, "levels"), seed=seed)
         if kind == "powersgd":
             return PowerSGD(_int(spec, arg, "rank"), seed=seed)
         if kind == "topk":
@@ -125,7 +128,7 @@ def parse_codec(spec: str, seed: int | None = None) -> Codec:
     if name != "zstd" or (colon and not level):
         raise _fail(spec, "the only layer is +zstd[:LEVEL]")
     try:
-        return Zstd(codec, _int(spec, level, "zstd level") if colon else 3)
+        return Zstd(codec, _int(spec, level, "zstd level") if colon else DEFAULT_LEVEL)
     except CodecSpecError as exc:
         if "valid forms" in str(exc):
             raise

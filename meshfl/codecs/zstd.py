@@ -137,7 +137,7 @@ class Zstd(Codec):
         return inner.decode(data, shape)
 
     def estimate_ratio(self, numel: int) -> float:
-        """Return the inner codec's estimate: zstd's gain depends on the data, so none is assumed."""
+        """Return the inner codec's estimate: zstd's gain depends on the data; none is assumed."""
         return self.inner.estimate_ratio(numel)
 
     @property

@@ -9,7 +9,22 @@ import httpx
 from meshfl.contract import API_PREFIX, DevicePublic, JobPublic, JobSpec, RoundSummary
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 
-__all__ = ["AdminClient"]
+__all__ = ["AdminClient", "settled_rounds"]
+
+
+def settled_rounds(rounds: list[RoundSummary], alive: int) -> list[RoundSummary]:
+    """The leading rounds every live device reported, or that later rounds overtook.
+
+    A round shown before its last report arrives would understate its bytes and
+    misstate its accuracy; ``alive`` is the number of devices still expected to report.
+    """
+    last = rounds[-1]["round"] if rounds else 0
+    settled = []
+    for r in rounds:
+        if r["devices_reporting"] < alive and r["round"] > last - 2:
+            break
+        settled.append(r)
+    return settled
 
 
 class AdminClient:
@@ -43,6 +58,10 @@ class AdminClient:
         """Stop a running job."""
         return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/stop"))
 
+    def jobs(self) -> list[JobPublic]:
+        """Every job, oldest first."""
+        return cast(list[JobPublic], self._call("GET", "/jobs"))
+
     def job(self, job_id: str) -> JobPublic:
         """A job's status and per-device progress."""
         return cast(JobPublic, self._call("GET", f"/jobs/{job_id}"))
@@ -67,5 +86,7 @@ class AdminClient:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            raise CoordinatorError(f"{method} {path} failed ({response.status_code}): {detail}")
+            raise CoordinatorError(
+                f"{method} {API_PREFIX}{path} failed ({response.status_code}): {detail}"
+            )
         return None if response.status_code == 204 else response.json()

@@ -68,7 +68,9 @@ class Child:
             lines = self.log_path.read_text(errors="replace").strip().splitlines()
         except OSError:
             return "(no log)"
-        return lines[-1].strip() if lines else f"exit code {self.returncode}, empty log"
+        if not lines:
+            return f"exit code {self.returncode}, empty log"
+        return lines[-1].strip().removeprefix("meshfl: error: ")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` if it still runs."""

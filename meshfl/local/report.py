@@ -20,6 +20,7 @@ def write_report(out: Path, report: dict[str, Any]) -> tuple[Path, Path | None]:
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".report-", suffix=".json")
     with os.fdopen(fd, "w") as handle:
         json.dump(report, handle, indent=2)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     rounds = report["rounds"]
     if not rounds:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from meshfl.contract import JobPublic, JobSpec, RoundSummary
-from meshfl.errors import ConfigError, MeshflError
-from meshfl.local.admin import AdminClient
+from meshfl.errors import ConfigError, Interrupted, MeshflError
+from meshfl.local.admin import AdminClient, settled_rounds
 from meshfl.local.processes import Supervisor, free_port, wait_for_port
 
 __all__ = ["LocalConfig", "LocalRun", "run_local"]
@@ -89,7 +89,7 @@ def run_local(
         A part of the fleet failed; the message names it.
 
     """
-    _validate(config)
+    validate(config)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     device_files, test_file = _prepare_data(config)
@@ -106,14 +106,17 @@ def run_local(
                 [
                     "agent", "run", "--coordinator", url, "--token", enrol_token,
                     "--data", str(path), "--name", f"device-{i}",
-                    "--out", str(out / "models" / f"device-{i}"), "--once",
+                    "--out", str(out / "models"), "--once",
                     "--label-column", config.label_column,
                 ],
             )  # fmt: skip
         _wait_for_enrolment(admin, supervisor, config.agents)
         job = admin.create_job(_job_spec(config, test_file))
         job = admin.start_job(job["job_id"])
-        final_job, rounds, failed = _monitor(admin, supervisor, job, config, on_round, show)
+        try:
+            final_job, rounds, failed = _monitor(admin, supervisor, job, config, on_round, show)
+        except KeyboardInterrupt:
+            raise _interrupted(config, admin, job, started) from None
         if not rounds and failed:
             name, why = next(iter(failed.items()))
             raise MeshflError(f"no round completed: agent {name} failed ({why})")
@@ -128,11 +131,53 @@ def run_local(
     return LocalRun(report, report_path, plot_path, failed)
 
 
-def _validate(config: LocalConfig) -> None:
-    if config.agents < 2:
-        raise ConfigError(f"--agents must be at least 2 (got {config.agents})")
-    if config.rounds < 1:
-        raise ConfigError(f"--rounds must be at least 1 (got {config.rounds})")
+def _interrupted(
+    config: LocalConfig, admin: AdminClient, job: JobPublic, started: float
+) -> Interrupted:
+    """Stop the job, write the partial report, and say so (the caller stops the processes)."""
+    from meshfl.local.report import write_report
+
+    try:
+        final_job = admin.stop_job(job["job_id"])
+        rounds = admin.rounds(job["job_id"])
+    except MeshflError:
+        return Interrupted("interrupted; every process of the run was stopped")
+    report = build_report(config, final_job, rounds, time.monotonic() - started, {})
+    report["status"] = "interrupted"
+    path, _ = write_report(config.out, report)
+    return Interrupted(
+        f"interrupted after round {len(rounds)}; every process of the run was stopped;"
+        f" partial report in {path}"
+    )
+
+
+MAX_AGENTS = 64
+"""One process per agent (≈ 250 MB each with torch): past this, use a real fleet."""
+
+
+def validate(config: LocalConfig) -> None:
+    """Check the options before anything starts.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        An option is out of range; the message names it and the valid range.
+
+    """
+    import math
+
+    if not 2 <= config.agents <= MAX_AGENTS:
+        raise ConfigError(f"--agents must be between 2 and {MAX_AGENTS} (got {config.agents})")
+    for name, value in (("--rounds", config.rounds), ("--batch-size", config.batch_size),
+                        ("--local-epochs", config.local_epochs)):  # fmt: skip
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1 (got {value})")
+    for name, number in (("--learning-rate", config.learning_rate), ("--alpha", config.alpha),
+                         ("--deadline", config.round_deadline_s)):  # fmt: skip
+        if not (math.isfinite(number) and number > 0):
+            raise ConfigError(f"{name} must be a positive number (got {number})")
+    if not (math.isfinite(config.consensus_step) and 0 < config.consensus_step <= 1):
+        raise ConfigError(f"--consensus-step must be in (0, 1] (got {config.consensus_step})")
     if config.algorithm not in ("choco", "dpsgd"):
         raise ConfigError(f"--algorithm must be choco or dpsgd (got {config.algorithm!r})")
     from meshfl.codecs import parse_codec
@@ -278,7 +323,9 @@ def _monitor(
     while True:
         _check_servers(supervisor)
         agents = _agents(supervisor)
-        rounds = _settled(admin.rounds(job_id), sum(c.returncode in (None, 0) for c in agents))
+        rounds = settled_rounds(
+            admin.rounds(job_id), sum(c.returncode in (None, 0) for c in agents)
+        )
         if len(rounds) > seen:
             for summary in rounds[seen:]:
                 if on_round is not None:
@@ -308,17 +355,6 @@ def _monitor(
 
 TARGETS = (0.80, 0.85, 0.90)
 """Mean test accuracies whose first round, elapsed seconds and bytes the report gives."""
-
-
-def _settled(rounds: list[RoundSummary], alive: int) -> list[RoundSummary]:
-    """The leading rounds that every live agent reported, or that later rounds overtook."""
-    last = rounds[-1]["round"] if rounds else 0
-    settled = []
-    for r in rounds:
-        if r["devices_reporting"] < alive and r["round"] > last - 2:
-            break
-        settled.append(r)
-    return settled
 
 
 def build_report(

@@ -9,11 +9,44 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import meshfl.codecs as codecs
-from meshfl.codecs import CODECS, Codec, Identity, TopK, decode_tensor, parse_codec
-from meshfl.codecs import _build_registry as build_registry
+from meshfl.codecs import (
+    CODECS,
+    QSGD,
+    VALID_FORMS,
+    BFloat16,
+    Codec,
+    Float16,
+    Identity,
+    Int8,
+    PowerSGD,
+    RandK,
+    Sign,
+    TopK,
+    Zstd,
+    decode_tensor,
+    parse_codec,
+)
+from meshfl.codecs.registry import build_registry
 from meshfl.errors import CodecError, CodecSpecError, ConfigError
 
-ALL_CODECS: list[Codec] = [Identity(), TopK(0.1), TopK(0.5), TopK(1.0)]
+ALL_CODECS: list[Codec] = [
+    Identity(),
+    TopK(0.1),
+    TopK(0.5),
+    TopK(1.0),
+    Float16(),
+    BFloat16(),
+    Int8(),
+    Int8(4),
+    QSGD(4, seed=1),
+    QSGD(300, bucket=5, seed=2),
+    RandK(0.3, seed=3),
+    RandK(0.7, unbiased=True, seed=4),
+    Sign(),
+    PowerSGD(1, seed=5),
+    Zstd(TopK(0.5)),
+    Zstd(Int8(), 19),
+]
 
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)
@@ -22,7 +55,26 @@ arrays = hnp.arrays(np.float32, shapes, elements=finite_f32)
 
 def test_exported_members() -> None:
     assert sorted(codecs.__all__) == sorted(
-        ["CODECS", "Codec", "Identity", "TopK", "decode_tensor", "parse_codec"]
+        [
+            "CODECS",
+            "QSGD",
+            "VALID_FORMS",
+            "BFloat16",
+            "Codec",
+            "CodecPolicy",
+            "CodecTag",
+            "Float16",
+            "Identity",
+            "Int8",
+            "PowerSGD",
+            "RandK",
+            "Sign",
+            "TopK",
+            "Zstd",
+            "budget_density",
+            "decode_tensor",
+            "parse_codec",
+        ]
     )
 
 
@@ -85,9 +137,9 @@ def test_parse_codec_invalid_density_message() -> None:
         parse_codec("topk:2")
 
     assert str(info.value) == (
-        "invalid codec spec 'topk:2': density must be in (0, 1]; "
-        "valid forms: identity, topk:DENSITY (0 < DENSITY <= 1)"
+        f"invalid codec spec 'topk:2': density must be in (0, 1]; valid forms: {VALID_FORMS}"
     )
+    assert "\n" not in str(info.value)
     assert isinstance(info.value, ConfigError)
 
 
@@ -95,7 +147,7 @@ def test_parse_codec_invalid_density_message() -> None:
     "spec", ["", "topk", "topk:", "topk:0", "topk:-0.1", "topk:nan", "topk:inf", "topk:x", "zstd"]
 )
 def test_parse_codec_rejects_invalid(spec: str) -> None:
-    with pytest.raises(CodecSpecError, match="valid forms: identity, topk:DENSITY"):
+    with pytest.raises(CodecSpecError, match=r"valid forms: identity\|fp32, fp16"):
         parse_codec(spec)
 
 
@@ -152,10 +204,37 @@ def test_scalar_round_trip(codec: Codec) -> None:
     out = type(codec).decode(codec.encode(x), ())
 
     assert out.shape == ()
-    assert float(out) == -7.25
+    assert float(out) == pytest.approx(-7.25, rel=1e-6)
 
 
 @pytest.mark.parametrize("codec", ALL_CODECS, ids=lambda c: c.spec)
+@pytest.mark.parametrize("magnitude", [1e30, 1e-30, 1e-40])
+def test_huge_and_tiny_magnitudes_stay_finite(codec: Codec, magnitude: float) -> None:
+    x = (np.random.default_rng(0).standard_normal((6, 7)) * magnitude).astype(np.float32)
+    x[0, 0] = 0.0
+
+    out = type(codec).decode(codec.encode(x), x.shape)
+
+    assert out.shape == x.shape and out.dtype == np.float32
+    assert np.isfinite(out).all()
+    assert np.abs(out).max() <= np.abs(x).max() * 64  # qsgd/randk may scale up, no further
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS, ids=lambda c: c.spec)
+def test_float32_extremes_never_decode_to_inf(codec: Codec) -> None:
+    x = np.array([3.4e38, -3.4e38, 1e-45, -1e-40, 0.0, 1.0], dtype=np.float32)
+
+    try:
+        payload = codec.encode(x)
+    except CodecError as exc:  # qsgd and unbiased random-k refuse what would overflow
+        assert "float32" in str(exc) or "1.7e38" in str(exc)
+        return
+    out = type(codec).decode(payload, x.shape)
+
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("codec", [Identity(), TopK(0.1), TopK(0.5), TopK(1.0)], ids=repr)
 def test_huge_and_tiny_magnitudes(codec: Codec) -> None:
     x = np.array([3.4e38, -3.4e38, 1e-45, -1e-40, 0.0, 1.0], dtype=np.float32)
 
@@ -238,3 +317,21 @@ def test_identity_nan_payload_rejected() -> None:
 def test_estimate_ratio_identity() -> None:
     assert Identity().estimate_ratio(4810) == 1.0
     assert Identity().estimate_ratio(0) == 1.0
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS, ids=lambda c: c.spec)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_mutated_payloads_raise_only_codec_error(codec: Codec, data: st.DataObject) -> None:
+    x = np.random.default_rng(5).standard_normal((6, 5)).astype(np.float32)
+    payload = bytearray(codec.encode(x))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(payload) - 1))
+        payload[pos] = data.draw(st.integers(0, 255))
+
+    try:
+        out = type(codec).decode(bytes(payload), x.shape)
+    except CodecError:
+        return
+    assert out.shape == x.shape and out.dtype == np.float32
+    assert np.isfinite(out).all()

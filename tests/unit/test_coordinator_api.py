@@ -268,13 +268,13 @@ def test_start_builds_a_ring_of_the_first_enrolled_devices(
 ) -> None:
     devices = [enrol(client, clock, f"pi-{k}")[0] for k in range(5)]
     job_id = client.post(f"{API}/jobs", json=spec(devices=4), headers=ADMIN_H).json()["job_id"]
-    clock.now = 2_000.0
+    clock.now += 60.0
     started = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
     topo = client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).json()
     w = np.array(topo["mixing_matrix"])
     expected = metropolis_hastings(build_graph("ring", 4))
     assert started.status_code == 200
-    assert (started.json()["status"], started.json()["started_at"]) == ("running", 2_000.0)
+    assert (started.json()["status"], started.json()["started_at"]) == ("running", clock.now)
     assert [d["device_id"] for d in started.json()["devices"]] == devices[:4]
     assert topo["kind"] == "ring" and topo["devices"] == devices[:4]
     assert sorted(map(tuple, topo["edges"])) == sorted(build_graph("ring", 4).edges)
@@ -287,13 +287,46 @@ def test_start_builds_a_ring_of_the_first_enrolled_devices(
     assert again.status_code == 409 and "already running" in again.json()["detail"]
 
 
+def test_start_skips_devices_not_heard_from_recently(client: TestClient, clock: FakeClock) -> None:
+    silent = enrol(client, clock, "pi-silent")[0]
+    clock.now += 500.0  # longer than stale_after_s: pi-silent stopped polling
+    live = [enrol(client, clock, f"pi-{k}")[0] for k in range(2)]
+    job_id = client.post(f"{API}/jobs", json=spec(devices=0), headers=ADMIN_H).json()["job_id"]
+
+    started = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H).json()
+
+    assert [d["device_id"] for d in started["devices"]] == live
+    assert silent not in [d["device_id"] for d in started["devices"]]
+
+
+def test_a_declining_device_counts_as_done_with_its_reason(
+    client: TestClient, clock: FakeClock
+) -> None:
+    (a, a_h), (b, b_h) = enrol(client, clock, "pi-a"), enrol(client, clock, "pi-b")
+    job_id = client.post(f"{API}/jobs", json=spec(devices=2), headers=ADMIN_H).json()["job_id"]
+    client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
+
+    r = client.post(f"{API}/jobs/{job_id}/decline", json={"reason": "4 features, needs 64"},
+                    headers=b_h)  # fmt: skip
+    client.post(f"{API}/jobs/{job_id}/done", headers=a_h,
+                json={"final_accuracy": 0.5, "bytes_sent": 1, "bytes_received": 2,
+                      "model_path": "/m"})  # fmt: skip
+
+    job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+    assert r.status_code == 204
+    assert job["status"] == "completed"
+    declined = next(d for d in job["devices"] if d["device_id"] == b)
+    assert declined["error"] == "4 features, needs 64" and declined["final_accuracy"] is None
+    assert next(d for d in job["devices"] if d["device_id"] == a)["error"] is None
+
+
 def test_start_needs_enough_devices_and_topology_needs_a_start(
     client: TestClient, clock: FakeClock
 ) -> None:
     enrol(client, clock, "only")
     job_id = client.post(f"{API}/jobs", json=spec(devices=3), headers=ADMIN_H).json()["job_id"]
     r = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
-    assert r.status_code == 409 and "enrol more devices" in r.json()["detail"]
+    assert r.status_code == 409 and "start more agents" in r.json()["detail"]
     assert client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).status_code == 409
 
 

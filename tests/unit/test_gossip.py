@@ -90,7 +90,14 @@ def exact_consensus_distance(xs: list[Model]) -> float:
 
 def test_exported_members() -> None:
     assert sorted(aggregation.__all__) == sorted(
-        ["ChocoGossip", "DPSGDGossip", "GossipAlgorithm", "consensus_distance", "consensus_sketch"]
+        [
+            "ChocoGossip",
+            "DPSGDGossip",
+            "ErrorFeedback",
+            "GossipAlgorithm",
+            "consensus_distance",
+            "consensus_sketch",
+        ]
     )
     assert ChocoGossip.message_kind == 1 and DPSGDGossip.message_kind == 2
 
