@@ -8,9 +8,11 @@ each answered as ``{"detail": "<one line: the problem and the fix>"}``.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -51,6 +53,52 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     ]
     detail = "invalid request: " + "; ".join(parts) + " (fix these fields and retry)"
     return JSONResponse({"detail": _one_line(detail)}, status_code=422)
+
+
+MAX_BODY_BYTES = 1 << 20
+"""Largest request body accepted (bytes); a round report with a 4096-entry sketch is ~100 KB."""
+
+
+class BodyLimit:
+    """ASGI middleware answering 413 to a body over ``max_bytes`` (declared or streamed)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _too_large(send, self.max_bytes)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await _too_large(send, self.max_bytes)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Any, max_bytes: int) -> None:
+    body = json.dumps({"detail": f"request body over {max_bytes} bytes; send less"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(settings: CoordinatorSettings, *, clock: Callable[[], float] = time.time) -> FastAPI:
@@ -99,6 +147,7 @@ def create_app(settings: CoordinatorSettings, *, clock: Callable[[], float] = ti
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.clock = clock
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_exception_handler(MeshflError, _meshfl_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.include_router(health.router)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 
 from coordinator.settings import CoordinatorSettings
+from meshfl.errors import ConfigError
 
 __all__ = ["ensure_tokens", "serve"]
 
@@ -32,11 +33,19 @@ def serve(settings: CoordinatorSettings, host: str = "127.0.0.1", port: int = 80
     """
     import uvicorn
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
 
     from coordinator.app import create_app
 
     settings, generated = ensure_tokens(settings)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise ConfigError(
+            f"cannot open the database {settings.db_url!r}: {reason}; check --db"
+            " (e.g. sqlite:///fleet.db or postgresql://user@host/db)"
+        ) from None
 
     def shown(name: str) -> str:
         value = str(getattr(settings, name))

@@ -2,29 +2,44 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
 from meshfl.codecs import parse_codec
-from meshfl.contract import JobSpec
+from meshfl.contract import DeviceDone, JobSpec, RoundMetrics
 from meshfl.errors import CodecSpecError, ConfigError
 from meshfl.topology import build_graph
 
-__all__ = ["LOSSLESS_CODECS", "validate_spec"]
+__all__ = [
+    "LOSSLESS_CODECS",
+    "validate_done",
+    "validate_metrics",
+    "validate_name",
+    "validate_spec",
+]
 
 #: Codec specs D-PSGD accepts: it averages models, so it needs them uncompressed.
 LOSSLESS_CODECS = frozenset({"identity", "fp32"})
 
+#: Models the agents' zoo builds (the coordinator knows them only by name and spec).
+KNOWN_MODELS = frozenset({"mlp"})
+MAX_ROUNDS = 100_000
+MAX_CLASSES = 100_000
+MAX_WIDTH = 65_536
+
 # (field, predicate, what it must be); the first failing rule is reported.
 _RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
-    ("rounds", lambda v: v >= 1, "an integer >= 1"),
-    ("learning_rate", lambda v: v > 0, "a number > 0"),
-    ("batch_size", lambda v: v >= 1, "an integer >= 1"),
-    ("local_epochs", lambda v: v >= 1, "an integer >= 1"),
+    ("rounds", lambda v: 1 <= v <= MAX_ROUNDS, f"an integer in [1, {MAX_ROUNDS}]"),
+    ("learning_rate", lambda v: 0 < v <= 1e3, "a number in (0, 1000]"),
+    ("batch_size", lambda v: 1 <= v <= 2**20, "an integer in [1, 2^20]"),
+    ("local_epochs", lambda v: 1 <= v <= 10_000, "an integer in [1, 10000]"),
     ("consensus_step", lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    ("round_deadline_s", lambda v: v > 0, "a number of seconds > 0"),
-    ("max_payload_bytes", lambda v: v >= 1024, "an integer >= 1024 (bytes)"),
-    ("devices", lambda v: v >= 0, "an integer >= 0 (0: all enrolled devices)"),
-    ("sketch_dim", lambda v: v >= 0, "an integer >= 0 (0: no sketch)"),
+    ("round_deadline_s", lambda v: 0.01 <= v <= 86_400, "seconds in [0.01, 86400]"),
+    ("max_payload_bytes", lambda v: 1024 <= v <= 256 * 2**20, "bytes in [1024, 256 MiB]"),
+    ("devices", lambda v: 0 <= v <= 1_000_000, "an integer >= 0 (0: all enrolled devices)"),
+    ("sketch_dim", lambda v: 0 <= v <= 4096, "an integer in [0, 4096] (0: no sketch)"),
+    ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)"),
 )
 
 
@@ -50,13 +65,27 @@ def validate_spec(spec: JobSpec) -> None:
         raise ConfigError("spec.name is empty; give the job a name")
     for field, ok, must_be in _RULES:
         value = spec[field]  # type: ignore[literal-required]
-        if not ok(value):
+        if isinstance(value, bool) or not math.isfinite(value) or not ok(value):
             raise ConfigError(f"spec.{field} = {value!r} is invalid; it must be {must_be}")
+    threshold = spec.get("keyframe_threshold", 0.0)
+    if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0):
+        raise ConfigError(f"spec.keyframe_threshold = {threshold!r} must be a number >= 0")
     model = spec["model"]
-    if model["input_dim"] < 1 or model["num_classes"] < 2 or any(h < 1 for h in model["hidden"]):
+    if model["name"] not in KNOWN_MODELS:
         raise ConfigError(
-            "spec.model is invalid; input_dim must be >= 1, num_classes >= 2 "
-            "and every hidden layer width >= 1"
+            f"spec.model.name = {model['name']!r} is unknown; known: {', '.join(KNOWN_MODELS)}"
+        )
+    widths = [model["input_dim"], model["num_classes"], *model["hidden"]]
+    if (
+        not 1 <= model["input_dim"] <= MAX_WIDTH
+        or not 2 <= model["num_classes"] <= MAX_CLASSES
+        or not all(1 <= h <= MAX_WIDTH for h in model["hidden"])
+        or len(model["hidden"]) > 64
+        or any(isinstance(w, bool) for w in widths)
+    ):
+        raise ConfigError(
+            f"spec.model is invalid; input_dim and hidden widths must be in [1, {MAX_WIDTH}]"
+            f" (at most 64 hidden layers), num_classes in [2, {MAX_CLASSES}]"
         )
     if spec["algorithm"] not in ("choco", "dpsgd"):
         raise ConfigError(f"spec.algorithm = {spec['algorithm']!r}; use 'choco' or 'dpsgd'")
@@ -73,3 +102,46 @@ def validate_spec(spec: JobSpec) -> None:
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
             f"{spec['codec']!r}; use codec 'identity' (or 'fp32'), or algorithm 'choco'"
         )
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_MAX_COUNT = 2**53  # bytes and counts above this are not plausible (and lose float precision)
+
+
+def validate_name(name: str) -> None:
+    """A device name is 1-64 characters of ``[A-Za-z0-9_.-]`` (it appears in topics and logs)."""
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"device name {name[:80]!r} is invalid; use 1-64 letters, digits, '_', '.' or '-'"
+        )
+
+
+def _number(field: str, value: float, low: float, high: float) -> None:
+    if isinstance(value, bool) or not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"{field} = {value!r} is invalid; it must be in [{low:g}, {high:g}]")
+
+
+def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
+    """Refuse a round report with impossible values (accuracy outside [0, 1], NaN, ...)."""
+    _number("accuracy", metrics["accuracy"], 0.0, 1.0)
+    _number("loss", metrics["loss"], 0.0, 1e12)
+    _number("bytes_sent", metrics["bytes_sent"], 0, _MAX_COUNT)
+    _number("bytes_received", metrics["bytes_received"], 0, _MAX_COUNT)
+    _number("train_s", metrics["train_s"], 0.0, 1e7)
+    _number("round_s", metrics["round_s"], 0.0, 1e7)
+    sketch = metrics["sketch"]
+    if sketch and len(sketch) != spec["sketch_dim"]:
+        raise ConfigError(
+            f"sketch has {len(sketch)} entries but the job's sketch_dim is {spec['sketch_dim']}"
+        )
+    if not all(math.isfinite(v) and abs(v) < 1e30 for v in sketch):
+        raise ConfigError("sketch holds non-finite or absurd values")
+    if len(metrics["missing"]) > 100_000:
+        raise ConfigError("missing lists more neighbours than any device has")
+
+
+def validate_done(done: DeviceDone) -> None:
+    """Refuse a done report with impossible values."""
+    _number("final_accuracy", done["final_accuracy"], 0.0, 1.0)
+    _number("bytes_sent", done["bytes_sent"], 0, _MAX_COUNT)
+    _number("bytes_received", done["bytes_received"], 0, _MAX_COUNT)

@@ -274,10 +274,14 @@ class GossipEngine:
     def _on_status(self, device: str | None, payload: bytes) -> None:
         if device is None or device not in self._applied:
             return
+        # An empty payload only deletes a retained status: it says nothing about liveness.
+        # Anything that is not a status object is ignored too (and counted).
         try:
-            status = json.loads(payload) if payload else {"state": "offline"}
+            status = json.loads(payload)
             state, job = status.get("state"), status.get("job")
         except (ValueError, AttributeError):
+            if payload:
+                self.stats.rejected += 1
             return
         if state == "offline" or (state == "declined" and job == self.job_id):
             self._offline.add(device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from edge_agent.transport.base import Transport
 from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
 from meshfl.codecs import parse_codec
 from meshfl.contract import Assignment, RoundMetrics
-from meshfl.errors import DataError
+from meshfl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from edge_agent.daemon import AgentConfig
@@ -84,6 +85,11 @@ class JobRunner:
         for round_ in range(1, spec["rounds"] + 1):
             started = time.perf_counter()
             result = trainer.train(x, y)
+            if not math.isfinite(result.loss):
+                raise ConfigError(
+                    f"training diverged at round {round_} (loss {result.loss}); lower the"
+                    " job's learning rate"
+                )
             params, missing = engine.exchange(round_, trainer.params())
             trainer.set_params(params)
             accuracy, loss = trainer.evaluate(x_test, y_test)
@@ -133,6 +139,7 @@ class JobRunner:
             consensus_step=self.spec["consensus_step"],
             codec=parse_codec(self.spec["codec"]),
             shared_start=True,  # every device starts from the same seeded x⁰
+            keyframe_threshold=self.spec.get("keyframe_threshold", 0.0),
         )
 
     def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:

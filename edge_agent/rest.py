@@ -66,9 +66,14 @@ class CoordinatorClient:
         self.url = url.rstrip("/")
         self.retry_s = retry_s
         self.device_token: str | None = None
-        self._http = httpx.Client(
-            base_url=self.url + API_PREFIX, timeout=timeout_s, transport=transport
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=self.url + API_PREFIX, timeout=timeout_s, transport=transport
+            )
+        except httpx.InvalidURL as exc:
+            from meshfl.errors import ConfigError
+
+            raise ConfigError(f"coordinator URL {url!r} is invalid ({exc})") from None
 
     def close(self) -> None:
         """Close the underlying connection pool."""

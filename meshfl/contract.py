@@ -119,7 +119,8 @@ class JobSpec(TypedDict):
     enrolled devices at start); ``test_data`` is a path each device resolves locally
     (``None``: the device evaluates on the ``x_test``/``y_test`` arrays of its own file);
     ``sketch_dim`` is the size of the count sketch used to estimate consensus distance
-    (0 disables it).
+    (0 disables it); ``keyframe_threshold`` makes a CHOCO-SGD message a lossless
+    keyframe when the device's relative compression error exceeds it (0 or absent: never).
     """
 
     name: str
@@ -138,6 +139,7 @@ class JobSpec(TypedDict):
     devices: int
     test_data: str | None
     sketch_dim: int
+    keyframe_threshold: NotRequired[float]
 
 
 class Neighbour(TypedDict):

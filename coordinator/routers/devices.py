@@ -6,7 +6,7 @@ import hmac
 
 from fastapi import APIRouter, HTTPException, Response, status
 
-from coordinator import lifecycle, reports, store
+from coordinator import lifecycle, reports, store, validation
 from coordinator.deps import AdminDep, NowDep, OwnDeviceDep, SessionDep, SettingsDep
 from meshfl.contract import (
     Assignment,
@@ -33,6 +33,7 @@ def enrol(
             "enrolment token rejected; use the enrol token printed at coordinator start "
             "(MESHFL_COORDINATOR_ENROL_TOKEN)",
         )
+    validation.validate_name(body["name"])
     device, token = store.enrol_device(
         session,
         name=body["name"],

@@ -110,6 +110,7 @@ def post_metrics(
             422,
             f"round {body['round']} is out of range; job {job_id!r} has rounds 1..{rounds}",
         )
+    validation.validate_metrics(body, job.spec)  # type: ignore[arg-type]
     store.record_metrics(session, row, device, body, now)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
@@ -119,6 +120,7 @@ def post_done(
     job_id: str, body: DeviceDone, device: DeviceDep, session: SessionDep, now: NowDep
 ) -> Response:
     """Record that a participant finished; the job completes when all have."""
+    validation.validate_done(body)
     job = store.get_job(session, job_id)
     lifecycle.mark_done(session, job, store.participation(session, job, device), device, body, now)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

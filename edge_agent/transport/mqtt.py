@@ -45,11 +45,12 @@ def parse_broker_url(url: str) -> tuple[str, int]:
     The port defaults to 1883. Raises :class:`meshfl.errors.ConfigError` for anything else.
     """
     text = url.strip()
-    parts = urlsplit(text if "://" in text else f"mqtt://{text}")
     try:
+        parts = urlsplit(text if "://" in text else f"mqtt://{text}")
         port = parts.port or 1883
     except ValueError:
         port = -1
+        parts = urlsplit("")
     if parts.scheme != "mqtt" or not parts.hostname or port <= 0 or parts.path not in ("", "/"):
         raise ConfigError(
             f"bad broker URL {url!r}; use mqtt://HOST:PORT or HOST:PORT (e.g. mqtt://127.0.0.1:1883)"

@@ -36,6 +36,9 @@ def start(
     consensus_step: Annotated[
         float, typer.Option(help="CHOCO-SGD γ in (0, 1].")
     ] = DEFAULTS.consensus_step,
+    keyframe_threshold: Annotated[
+        float, typer.Option(help="Relative compression error that triggers a keyframe (0: off).")
+    ] = DEFAULTS.keyframe_threshold,
     rounds: Annotated[int, typer.Option(help="Rounds.")] = 30,
     learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
     batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
@@ -71,6 +74,7 @@ def start(
         "devices": devices,
         "test_data": test_data,
         "sketch_dim": DEFAULTS.sketch_dim,
+        "keyframe_threshold": keyframe_threshold,
     }
     job = client.create_job(spec)  # type: ignore[arg-type]
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +26,9 @@ def local(
     consensus_step: Annotated[
         float, typer.Option(help="CHOCO-SGD consensus step size γ in (0, 1].")
     ] = DEFAULTS.consensus_step,
+    keyframe_threshold: Annotated[
+        float, typer.Option(help="Relative compression error that triggers a keyframe (0: off).")
+    ] = DEFAULTS.keyframe_threshold,
     alpha: Annotated[float, typer.Option(help="Dirichlet α of the label-skew partition.")] = 0.5,
     learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
     batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
@@ -52,6 +56,7 @@ def local(
         algorithm=algorithm,
         codec=codec,
         consensus_step=consensus_step,
+        keyframe_threshold=keyframe_threshold,
         learning_rate=learning_rate,
         batch_size=batch_size,
         local_epochs=local_epochs,
@@ -62,6 +67,8 @@ def local(
         label_column=label_column,
     )
     validate(config)
+    # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     console = Console()
     console.print(
         f"[bold]meshfl local[/]: {agents} agents, {algorithm} {codec}, {topology},"
@@ -94,6 +101,10 @@ def local(
         f"report: {result.report_path}"
         + (f", plot: {result.plot_path}" if result.plot_path else "")
     )
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 class _RoundView:

@@ -13,7 +13,7 @@ broker_app = typer.Typer(help="The embedded MQTT broker (amqtt).", no_args_is_he
 @coordinator_app.command("serve")
 def coordinator_serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8080,
     db: Annotated[
         str | None, typer.Option(help="SQLAlchemy URL (default sqlite:///meshfl-coordinator.db).")
     ] = None,
@@ -61,7 +61,7 @@ def coordinator_serve(
 @broker_app.command("serve")
 def broker_serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 1883,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 1883,
 ) -> None:
     """Run the embedded MQTT 3.1.1 broker until interrupted."""
     from broker.embedded import serve

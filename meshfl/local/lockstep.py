@@ -82,7 +82,8 @@ def run_lockstep(config: LocalConfig, model_seed: int | None = None) -> Lockstep
         else:
             algorithms.append(
                 ChocoGossip(x0, weights, float(w[i, i]), consensus_step=config.consensus_step,
-                            codec=parse_codec(config.codec), shared_start=True)
+                            codec=parse_codec(config.codec), shared_start=True,
+                            keyframe_threshold=config.keyframe_threshold)
             )  # fmt: skip
     result = LockstepResult()
     for _ in range(config.rounds):

@@ -72,6 +72,17 @@ class Child:
             return f"exit code {self.returncode}, empty log"
         return lines[-1].strip().removeprefix("meshfl: error: ")
 
+    def describe_exit(self) -> str:
+        """How it ended: the signal that killed it, or its exit code and last log line."""
+        code = self.returncode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"killed by {name}"
+        return f"exit code {code}: {self.last_line()}"
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` if it still runs."""
         if self.process.poll() is None:

@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from meshfl.contract import JobPublic, JobSpec, RoundSummary
-from meshfl.errors import ConfigError, Interrupted, MeshflError
+from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient, settled_rounds
 from meshfl.local.processes import Supervisor, free_port, wait_for_port
 
@@ -36,6 +38,7 @@ class LocalConfig:
     algorithm: str = "choco"
     codec: str = "topk:0.15"
     consensus_step: float = 0.9
+    keyframe_threshold: float = 0.15
     learning_rate: float = 0.1
     batch_size: int = 32
     local_epochs: int = 1
@@ -91,7 +94,15 @@ def run_local(
     """
     validate(config)
     out = config.out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".meshfl-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out} is not a writable directory ({exc.strerror}); choose another"
+        ) from None
     device_files, test_file = _prepare_data(config)
     supervisor = Supervisor(out / "logs")
     started = time.monotonic()
@@ -212,6 +223,7 @@ def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
         split = split_dataset_file(
             path, config.agents, config.alpha, config.seed, label_column=config.label_column
         )
+        _check_labels(path, split.x_train, np.concatenate([split.y_train, split.y_test]))
     parts = dirichlet_partition(split.y_train, config.agents, config.alpha, config.seed)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
@@ -221,6 +233,23 @@ def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
         )
     files, test_file = write_partition(config.out / "data", split, parts)
     return list(files), test_file
+
+
+MAX_CLASSES = 100_000
+
+
+def _check_labels(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    """A user dataset must have features and labels 0..K-1 with 2 <= K <= MAX_CLASSES."""
+    if x.shape[1] == 0:
+        raise DataError(f"{path}: no feature columns; add features besides the label")
+    classes = np.unique(y)
+    if len(classes) < 2:
+        raise DataError(f"{path}: only one class ({classes[0]}); a classifier needs two or more")
+    if int(classes[-1]) >= MAX_CLASSES or int(classes[-1]) >= 10 * len(classes):
+        raise DataError(
+            f"{path}: labels go up to {int(classes[-1])} for {len(classes)} classes; number"
+            " the classes 0..K-1"
+        )
 
 
 def _start_broker(supervisor: Supervisor) -> str:
@@ -263,7 +292,7 @@ def _agents(supervisor: Supervisor) -> list[Any]:
 def _check_servers(supervisor: Supervisor) -> None:
     for child in supervisor.children:
         if child.name in ("broker", "coordinator") and child.returncode is not None:
-            raise MeshflError(f"the {child.name} exited unexpectedly: {child.last_line()}")
+            raise MeshflError(f"the {child.name} exited unexpectedly ({child.describe_exit()})")
 
 
 def _wait_for_enrolment(admin: AdminClient, supervisor: Supervisor, n: int) -> None:
@@ -304,6 +333,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "devices": config.agents,
         "test_data": str(test_file.resolve()),
         "sketch_dim": config.sketch_dim,
+        "keyframe_threshold": config.keyframe_threshold,
     }  # fmt: skip
 
 
@@ -337,7 +367,7 @@ def _monitor(
         for child in agents:
             code = child.returncode
             if code not in (None, 0) and child.name not in failed:
-                failed[child.name] = f"exit code {code}: {child.last_line()}"
+                failed[child.name] = child.describe_exit()
         job = admin.job(job_id)
         if job["status"] != "running" or all(c.returncode is not None for c in agents):
             rounds = admin.rounds(job_id)

@@ -430,15 +430,46 @@ def test_round_summaries_aggregate_the_reports(client: TestClient, clock: FakeCl
     assert by_id[ids[2]]["name"] == "pi-2"
 
 
-def test_sketches_of_unequal_length_give_no_consensus_distance(
-    client: TestClient, clock: FakeClock
-) -> None:
-    job_id, devices = running_job(client, clock, n=2)
-    url = f"{API}/jobs/{job_id}/metrics"
-    client.post(url, json=metrics(1, 0.5, [1.0, 2.0]), headers=devices[0][1])
-    client.post(url, json=metrics(1, 0.5, [1.0, 2.0, 3.0]), headers=devices[1][1])
-    rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
-    assert rounds[0]["consensus_distance"] is None
+def test_impossible_round_reports_are_refused(client: TestClient, clock: FakeClock) -> None:
+    job_id, devices = running_job(client, clock, n=2, sketch_dim=2)
+    url, headers = f"{API}/jobs/{job_id}/metrics", devices[0][1]
+    bad = [
+        {**metrics(1, 2.0, [])},  # accuracy above 1
+        {**metrics(1, 0.5, [1.0, 2.0, 3.0])},  # sketch longer than the job's sketch_dim
+        {**metrics(1, 0.5, []), "bytes_sent": -1},
+        {**metrics(1, 0.5, []), "loss": 1e300},
+    ]
+
+    statuses = [client.post(url, json=body, headers=headers).status_code for body in bad]
+
+    assert statuses == [422, 422, 422, 422]
+    assert client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json() == []
+
+
+def test_bad_job_specs_name_the_field(client: TestClient) -> None:
+    cases = {
+        "rounds": spec(rounds=2**64),
+        "seed": spec(seed=-1),
+        "max_payload_bytes": spec(max_payload_bytes=2**40),
+        "spec.model": spec(model={"name": "mlp", "input_dim": 64, "num_classes": 10**12,
+                                  "hidden": [64]}),
+        "spec.model.name": spec(model={"name": "foo", "input_dim": 64, "num_classes": 10,
+                                       "hidden": [64]}),
+    }  # fmt: skip
+    for field, body in cases.items():
+        r = client.post(f"{API}/jobs", json=body, headers=ADMIN_H)
+        assert r.status_code == 422 and field in r.json()["detail"], (field, r.text)
+
+
+def test_enrolment_refuses_a_bad_name_and_a_huge_body(client: TestClient) -> None:
+    bad = client.post(f"{API}/devices/enrol", json={"token": ENROL, "name": "a/b#"})
+    huge = client.post(
+        f"{API}/devices/enrol",
+        json={"token": ENROL, "name": "ok", "profile": {"platform": "x" * 2**21}},
+    )
+
+    assert bad.status_code == 422 and "device name" in bad.json()["detail"]
+    assert huge.status_code == 413
 
 
 # --- completion and stop -------------------------------------------------------------------

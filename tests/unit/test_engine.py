@@ -110,3 +110,28 @@ def test_garbage_on_a_delta_topic_is_counted_and_dropped(bus: MemoryBroker) -> N
         np.testing.assert_array_equal(g["w"], e["w"])
     # each device receives 3 bad copies of each of its 2 neighbours' messages, 2 rounds
     assert [e.stats.rejected for e in engines] == [12, 12, 12]
+
+
+class EmptyStatusTransport(MemoryTransport):
+    """Before every delta, sends an empty (non-retained) message on every status topic."""
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        from gossip_scenarios import FLEET
+
+        from meshfl.wire import status_topic
+
+        if topic.endswith("/delta"):
+            for k in range(4):
+                super().publish(status_topic(FLEET, f"dev-{k}"), b"", qos=1)
+        super().publish(topic, payload, qos=qos, retain=retain)
+
+
+def test_empty_status_messages_do_not_mark_neighbours_offline(bus: MemoryBroker) -> None:
+    expected = reference(4, 3, "choco", "topk:0.3")
+
+    got, missing, _ = run_engines(lambda _id: EmptyStatusTransport(bus), 4, 3, deadline_s=20.0)
+
+    assert all(m == [] for per_device in missing for m in per_device)
+    for g, e in zip(got, expected, strict=True):
+        assert g is not None
+        np.testing.assert_array_equal(g["w"], e["w"])
