@@ -8,6 +8,7 @@ coordinator, 8 agent processes) for the default and the D-PSGD baselines, repeat
     python benchmarks/w1_defaults.py               # both parts (about 6 minutes on 2 cores)
     python benchmarks/w1_defaults.py --part sweep  # lockstep sweep only
     python benchmarks/w1_defaults.py --part fleet --repeats 3
+    python benchmarks/w1_defaults.py --part long   # 300 rounds, keyframes on and off
 """
 
 from __future__ import annotations
@@ -76,9 +77,21 @@ def fleet(repeats: int) -> None:
         print(f"{name} | {acc:.4f} | {low:.4f} | {sent:.3f} | {wall:.1f}", flush=True)
 
 
+def long_run(rounds: int) -> None:
+    print(f"## long run: lockstep, default settings, {rounds} rounds, model seed 0")
+    print("keyframe threshold | acc @30 | @100 | @200 | @last | payload B/round/device")
+    for threshold in (0.0, DEFAULTS.keyframe_threshold):
+        run = run_lockstep(replace(DEFAULTS, rounds=rounds, keyframe_threshold=threshold))
+        acc = run.mean_accuracy
+        per_device = sum(run.payload_bytes) / (rounds * DEFAULTS.agents)
+        print(f"{threshold:18} | {acc[29]:.4f} | {acc[99]:.4f} | {acc[199]:.4f} | {acc[-1]:.4f}"
+              f" | {per_device:,.0f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["sweep", "fleet", "all"], default="all")
+    parser.add_argument("--part", choices=["sweep", "fleet", "long", "all"], default="all")
+    parser.add_argument("--long-rounds", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -89,6 +102,8 @@ def main() -> None:
         sweep(list(range(args.seeds)))
     if args.part in ("fleet", "all"):
         fleet(args.repeats)
+    if args.part in ("long", "all"):
+        long_run(args.long_rounds)
 
 
 if __name__ == "__main__":
