@@ -137,7 +137,10 @@ def create_app(settings: CoordinatorSettings, *, clock: Callable[[], float] = ti
         yield
         engine.dispose()
 
-    app = FastAPI(
+    from fastapi_offline import FastAPIOffline
+
+    # Docs assets served from the package, not a CDN: coordinators often run offline.
+    app = FastAPIOffline(
         title="meshfl coordinator",
         version=__version__,
         lifespan=lifespan,

@@ -131,7 +131,7 @@ def _follow(client: AdminClient, job_id: str) -> None:
         ended = job["status"] != "running"
         alive = sum(d["error"] is None for d in job["devices"])
         rounds = client.rounds(job_id)
-        for r in rounds[printed:] if ended else settled_rounds(rounds, alive)[printed:]:
+        for r in rounds[printed:] if ended else settled_rounds(rounds, alive, lag=2)[printed:]:
             typer.echo(_line(r))
             printed += 1
         if ended:

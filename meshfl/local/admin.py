@@ -12,16 +12,21 @@ from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 __all__ = ["AdminClient", "settled_rounds"]
 
 
-def settled_rounds(rounds: list[RoundSummary], alive: int) -> list[RoundSummary]:
-    """The leading rounds every live device reported, or that later rounds overtook.
+def settled_rounds(
+    rounds: list[RoundSummary], alive: int, lag: int | None = None
+) -> list[RoundSummary]:
+    """The leading rounds that every live device reported.
 
     A round shown before its last report arrives would understate its bytes and
     misstate its accuracy; ``alive`` is the number of devices still expected to report.
+    With ``lag``, a round that ``lag`` later rounds have overtaken counts as settled
+    too (for an operator who cannot tell a hung device from a slow one).
     """
     last = rounds[-1]["round"] if rounds else 0
     settled = []
     for r in rounds:
-        if r["devices_reporting"] < alive and r["round"] > last - 2:
+        overtaken = lag is not None and r["round"] <= last - lag
+        if r["devices_reporting"] < alive and not overtaken:
             break
         settled.append(r)
     return settled

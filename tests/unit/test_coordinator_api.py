@@ -523,3 +523,12 @@ def test_stop_ends_a_job_and_tells_its_devices(client: TestClient, clock: FakeCl
     assert (stopped["status"], stopped["finished_at"]) == ("stopped", 4_000.0)
     assert told["status"] == "stopped"
     assert again.status_code == 409
+
+
+def test_api_docs_load_nothing_from_a_cdn(client: TestClient) -> None:
+    page = client.get("/docs")
+    script = client.get("/static-offline-docs/swagger-ui-bundle.js")
+
+    assert page.status_code == 200 and "swagger-ui-bundle.js" in page.text
+    assert "cdn" not in page.text.lower() and "http" not in page.text.split("<title>")[0].lower()
+    assert script.status_code == 200 and len(script.content) > 100_000
