@@ -14,6 +14,7 @@ import sys
 import typer
 
 from meshfl.cli.agent import agent_app
+from meshfl.cli.bench import bench_app
 from meshfl.cli.data import data_app
 from meshfl.cli.job import job_app
 from meshfl.cli.local import local
@@ -34,6 +35,7 @@ app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(broker_app, name="broker")
 app.add_typer(job_app, name="job")
 app.add_typer(data_app, name="data")
+app.add_typer(bench_app, name="bench")
 app.command("local")(local)
 
 

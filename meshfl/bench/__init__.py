@@ -1,0 +1,1 @@
+"""Benchmarks behind ``meshfl bench`` (composition root: may import every package)."""

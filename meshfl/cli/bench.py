@@ -1,0 +1,62 @@
+"""``meshfl bench``: the measurements behind BENCHMARKS.md (workloads of WORKLOADS.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks on the fixed workloads.", no_args_is_help=True)
+
+Out = Annotated[Path, typer.Option(help="Directory for results (JSON) and plots.")]
+
+
+@bench_app.command("codecs")
+def codecs(
+    size: Annotated[
+        int, typer.Option(help="Elements of the N(0,1) float32 delta (W3).")
+    ] = 10_000_000,
+    specs: Annotated[
+        str | None, typer.Option("--codecs", help="Comma-separated codec specs (default: all).")
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Timed repeats; medians are reported.")] = 5,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """W3: bytes, ratio, encode/decode MB/s (one thread), relative error, vs memory copy."""
+    from meshfl.bench.codecs import main
+
+    main(size=size, specs=None if specs is None else specs.split(","), repeats=repeats, out=out)
+
+
+@bench_app.command("wire")
+def wire(
+    repeats: Annotated[int, typer.Option(help="Timed repeats; medians are reported.")] = 5,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """Envelope and chunking overhead for deltas of 1 KiB, 64 KiB and 1 MiB."""
+    from meshfl.bench.wire import main
+
+    main(repeats=repeats, out=out)
+
+
+@bench_app.command("frontier")
+def frontier(
+    workload: Annotated[str, typer.Option(help="W1 (digits-8) or W2 (mnist1d-16).")] = "W1",
+    specs: Annotated[
+        str | None, typer.Option("--codecs", help="Comma-separated codec specs (default: a sweep).")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds (default: the workload's).")] = None,
+    seeds: Annotated[int, typer.Option(help="Model seeds to average over.")] = 1,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """Accuracy against payload bytes for each codec (lockstep fleet), with a plot."""
+    from meshfl.bench.frontier import main
+
+    main(
+        workload=workload,
+        specs=None if specs is None else specs.split(","),
+        rounds=rounds,
+        seeds=seeds,
+        out=out,
+    )
