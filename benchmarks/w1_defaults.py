@@ -80,8 +80,8 @@ def fleet(repeats: int) -> None:
 def long_run(rounds: int) -> None:
     print(f"## long run: lockstep, default settings, {rounds} rounds, model seed 0")
     print("keyframe threshold | acc @30 | @100 | @200 | @last | payload B/round/device")
-    for threshold in (0.0, DEFAULTS.keyframe_threshold):
-        run = run_lockstep(replace(DEFAULTS, rounds=rounds, keyframe_threshold=threshold))
+    for threshold in (0.0, DEFAULTS.keyframe_growth):
+        run = run_lockstep(replace(DEFAULTS, rounds=rounds, keyframe_growth=threshold))
         acc = run.mean_accuracy
         per_device = sum(run.payload_bytes) / (rounds * DEFAULTS.agents)
         print(f"{threshold:18} | {acc[29]:.4f} | {acc[99]:.4f} | {acc[199]:.4f} | {acc[-1]:.4f}"

@@ -67,9 +67,13 @@ def validate_spec(spec: JobSpec) -> None:
         value = spec[field]  # type: ignore[literal-required]
         if isinstance(value, bool) or not math.isfinite(value) or not ok(value):
             raise ConfigError(f"spec.{field} = {value!r} is invalid; it must be {must_be}")
-    threshold = spec.get("keyframe_threshold", 0.0)
-    if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0):
-        raise ConfigError(f"spec.keyframe_threshold = {threshold!r} must be a number >= 0")
+    growth = spec.get("keyframe_growth", 0.0)
+    if isinstance(growth, bool) or not (math.isfinite(growth) and (growth == 0 or growth > 1)):
+        raise ConfigError(f"spec.keyframe_growth = {growth!r} must be 0 (off) or a number > 1")
+    for field in ("dense_below", "byte_budget"):
+        value = spec.get(field, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31:
+            raise ConfigError(f"spec.{field} = {value!r} must be an integer in [0, 2^31]")
     model = spec["model"]
     if model["name"] not in KNOWN_MODELS:
         raise ConfigError(
@@ -93,6 +97,11 @@ def validate_spec(spec: JobSpec) -> None:
         parse_codec(spec["codec"])
     except CodecSpecError as exc:
         raise ConfigError(f"spec.codec = {spec['codec']!r} is invalid: {exc}") from exc
+    if spec.get("byte_budget", 0) and parse_codec(spec["codec"]).name not in ("topk", "randk"):
+        raise ConfigError(
+            f"spec.byte_budget sets a sparsifier's density but spec.codec = {spec['codec']!r};"
+            " use topk:D or randk:D"
+        )
     try:
         build_graph(spec["topology"], 4)
     except ConfigError as exc:

@@ -14,7 +14,7 @@ from edge_agent.engine import GossipEngine
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
-from meshfl.codecs import parse_codec
+from meshfl.codecs import CodecPolicy, parse_codec
 from meshfl.contract import Assignment, RoundMetrics
 from meshfl.errors import ConfigError, DataError
 
@@ -137,9 +137,14 @@ class JobRunner:
             weights,
             self_weight,
             consensus_step=self.spec["consensus_step"],
-            codec=parse_codec(self.spec["codec"]),
+            codec=CodecPolicy.from_options(
+                parse_codec(self.spec["codec"]),
+                [(name, tuple(a.shape)) for name, a in params.items()],
+                dense_below=self.spec.get("dense_below", 0),
+                byte_budget=self.spec.get("byte_budget", 0),
+            ),
             shared_start=True,  # every device starts from the same seeded x⁰
-            keyframe_threshold=self.spec.get("keyframe_threshold", 0.0),
+            keyframe_growth=self.spec.get("keyframe_growth", 0.0),
         )
 
     def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:

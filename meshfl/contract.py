@@ -119,8 +119,12 @@ class JobSpec(TypedDict):
     enrolled devices at start); ``test_data`` is a path each device resolves locally
     (``None``: the device evaluates on the ``x_test``/``y_test`` arrays of its own file);
     ``sketch_dim`` is the size of the count sketch used to estimate consensus distance
-    (0 disables it); ``keyframe_threshold`` makes a CHOCO-SGD message a lossless
-    keyframe when the device's relative compression error exceeds it (0 or absent: never).
+    (0 disables it); ``keyframe_growth`` makes a CHOCO-SGD message a lossless
+    keyframe when the device's relative compression error exceeds this many times its
+    normal level (the median of its first 10 messages; 0 or absent: never);
+    ``dense_below`` sends tensors with fewer elements uncompressed (biases, norms; 0 or
+    absent: none); ``byte_budget`` (bytes per message, 0 or absent: none) sets a top-k or
+    random-k codec's density to the largest that fits.
     """
 
     name: str
@@ -139,7 +143,9 @@ class JobSpec(TypedDict):
     devices: int
     test_data: str | None
     sketch_dim: int
-    keyframe_threshold: NotRequired[float]
+    keyframe_growth: NotRequired[float]
+    dense_below: NotRequired[int]
+    byte_budget: NotRequired[int]
 
 
 class Neighbour(TypedDict):

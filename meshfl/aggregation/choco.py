@@ -15,6 +15,7 @@ The decoded q is applied, so sender and receivers hold bit-identical replicas.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar
 
@@ -27,9 +28,12 @@ from meshfl.aggregation._model import (
     decode_entries,
     layout_of,
 )
-from meshfl.codecs import Codec, Identity
+from meshfl.codecs import Codec, CodecPolicy, Identity
 from meshfl.errors import ConfigError
 from meshfl.wire import DType, TensorEntry
+
+KEYFRAME_BASELINE = 10
+"""Messages whose relative compression error sets a device's normal level (median)."""
 
 __all__ = ["ChocoGossip"]
 
@@ -49,22 +53,27 @@ class ChocoGossip:
     consensus_step : float
         γ in (0, 1]. γ = 1 with a lossless codec is D-PSGD; a codec of density δ needs
         a smaller γ (the paper's γ* = ρ²δ / (16ρ + ρ² + 4β² + 2ρβ² − 8ρδ), Theorem 2).
-    codec : Codec
-        Compressor C for the outgoing differences (e.g. ``TopK(0.1)``).
+    codec : Codec or CodecPolicy
+        Compressor C for the outgoing differences (e.g. ``TopK(0.1)``), or a per-tensor
+        policy (small tensors dense, density from a byte budget; see
+        :class:`meshfl.codecs.CodecPolicy`).
     shared_start : bool, default False
         Start every replica at ``params`` instead of zero. Valid when every device
         starts from the same x⁰ (the same model seed), which then costs no bytes to
         agree on: the replicas are exact from round one and the compressed channel
         only has to carry what training changed. With ``False`` the first rounds spend
         their bytes transmitting x⁰ itself (the paper's x̂⁰ = 0).
-    keyframe_threshold : float, default 0.0
-        When the relative compression error ‖x − x̂_i‖ / ‖x‖ (measured locally, before
-        compressing) exceeds this, the round's message is a lossless *keyframe*: every
-        replica of x̂_i becomes x_i exactly. 0 disables it. With a biased codec and a
-        large γ, CHOCO-SGD's error can grow without bound once training slows down
-        (measured on W1: top-k 0.15, γ 0.9 diverges after ~100 rounds); the keyframe
-        bounds it at the cost of one uncompressed message when it triggers. See
-        ``docs/algorithms.md``.
+    keyframe_growth : float, default 0.0
+        Error-triggered keyframes. The relative compression error r = ‖x − x̂_i‖ / ‖x‖ is
+        measured locally before each message; the median of its first
+        ``KEYFRAME_BASELINE`` values is the codec's normal level. When r exceeds
+        ``keyframe_growth`` times that level, the message is a lossless *keyframe*: every
+        replica of x̂_i becomes x_i exactly. 0 disables it; otherwise it must be > 1.
+        With a biased codec and a large γ, CHOCO-SGD's error can grow without bound once
+        training slows down (measured on W1: top-k 0.15, γ 0.9 diverges after ~100
+        rounds); keyframes bound it at the cost of one uncompressed message each time.
+        Being relative to the codec's own level, the rule fits coarse and fine codecs
+        alike. See ``docs/algorithms.md``.
 
     Raises
     ------
@@ -76,9 +85,10 @@ class ChocoGossip:
 
     message_kind: ClassVar[int] = 1  # meshfl.wire.MessageKind.DELTA
     __slots__ = (
+        "_baseline",
         "_codec",
         "_gamma",
-        "_keyframe_threshold",
+        "_keyframe_growth",
         "_layout",
         "_own",
         "_replicas",
@@ -92,24 +102,26 @@ class ChocoGossip:
         neighbours: Mapping[str, float],
         self_weight: float,
         consensus_step: float,
-        codec: Codec,
+        codec: Codec | CodecPolicy,
         shared_start: bool = False,
-        keyframe_threshold: float = 0.0,
+        keyframe_growth: float = 0.0,
     ) -> None:
-        if not (math.isfinite(keyframe_threshold) and keyframe_threshold >= 0.0):
-            raise ConfigError(f"keyframe threshold must be >= 0, got {keyframe_threshold!r}")
-        self._keyframe_threshold = float(keyframe_threshold)
+        if not (math.isfinite(keyframe_growth) and (keyframe_growth == 0 or keyframe_growth > 1)):
+            raise ConfigError(f"keyframe growth must be 0 (off) or > 1, got {keyframe_growth!r}")
+        self._keyframe_growth = float(keyframe_growth)
+        self._baseline: list[float] = []
         self.keyframes_sent = 0
         if isinstance(consensus_step, bool) or not (
             isinstance(consensus_step, (int, float)) and 0.0 < consensus_step <= 1.0
         ):
             raise ConfigError(f"consensus step γ must be in (0, 1], got {consensus_step!r}")
-        if not isinstance(codec, Codec):
+        if not isinstance(codec, (Codec, CodecPolicy)):
             raise ConfigError(f"codec must be a meshfl Codec, got {type(codec).__name__}")
         self._weights = check_weights(neighbours, self_weight)
         self._layout = layout_of(params)
         self._gamma = float(consensus_step)
-        self._codec = codec
+        policy = codec if isinstance(codec, CodecPolicy) else CodecPolicy(codec, dense_below=0)
+        self._codec = [policy.codec_for(name, shape) for name, shape in self._layout]
 
         def start() -> list[np.ndarray]:
             if shared_start:
@@ -120,9 +132,9 @@ class ChocoGossip:
         self._replicas = {peer: start() for peer in self._weights}
 
     @property
-    def codec(self) -> Codec:
-        """The codec used for outgoing differences."""
-        return self._codec
+    def codecs(self) -> list[Codec]:
+        """The codec of each tensor, in model order (from the codec or the policy)."""
+        return list(self._codec)
 
     def outgoing(
         self, x: Mapping[str, np.ndarray], codec: Codec | None = None
@@ -152,29 +164,33 @@ class ChocoGossip:
 
         """
         tensors = check_model(x, self._layout)
-        if codec is None:
-            codec = self._codec
-            if self._keyframe_threshold > 0.0 and self._needs_keyframe(tensors):
-                codec = Identity()
-                self.keyframes_sent += 1
-        payloads = [codec.encode(t - r) for t, r in zip(tensors, self._own, strict=True)]
+        codecs = self._codec if codec is None else [codec] * len(tensors)
+        if codec is None and self._keyframe_growth > 0.0 and self._needs_keyframe(tensors):
+            codecs = [Identity()] * len(tensors)
+            self.keyframes_sent += 1
+        payloads = [c.encode(t - r) for c, t, r in zip(codecs, tensors, self._own, strict=True)]
         decoded = [
-            codec.decode(p, shape) for p, (_, shape) in zip(payloads, self._layout, strict=True)
+            c.decode(p, shape)
+            for c, p, (_, shape) in zip(codecs, payloads, self._layout, strict=True)
         ]
         for replica, q in zip(self._own, decoded, strict=True):
             replica += q
         return tuple(
-            TensorEntry(name, shape, DType.FLOAT32, codec.tag, payload)
-            for (name, shape), payload in zip(self._layout, payloads, strict=True)
+            TensorEntry(name, shape, DType.FLOAT32, c.tag, payload)
+            for c, (name, shape), payload in zip(codecs, self._layout, payloads, strict=True)
         )
 
     def _needs_keyframe(self, tensors: Sequence[np.ndarray]) -> bool:
-        error = sum(
-            float(np.sum((t - r) ** 2, dtype=np.float64))
-            for t, r in zip(tensors, self._own, strict=True)
-        )
+        pairs = zip(tensors, self._own, strict=True)
+        error = sum(float(np.sum((t - r).astype(np.float64) ** 2)) for t, r in pairs)
         norm = sum(float(np.sum(t.astype(np.float64) ** 2)) for t in tensors)
-        return norm > 0.0 and math.sqrt(error / norm) > self._keyframe_threshold
+        if norm == 0.0:
+            return False
+        relative = math.sqrt(error / norm)
+        if len(self._baseline) < KEYFRAME_BASELINE:
+            self._baseline.append(relative)
+            return False
+        return relative > self._keyframe_growth * statistics.median(self._baseline)
 
     def incoming(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
         """Apply a neighbour's compressed difference: x̂_j ← x̂_j + decode(q_j).

@@ -32,13 +32,24 @@ def start(
     hidden: Annotated[str, typer.Option(help="Hidden layer widths, comma-separated.")] = "64",
     topology: Annotated[str, typer.Option(help="ring, complete, star or exponential.")] = "ring",
     algorithm: Annotated[str, typer.Option(help="choco or dpsgd.")] = "choco",
-    codec: Annotated[str, typer.Option(help="identity or topk:DENSITY.")] = DEFAULTS.codec,
+    codec: Annotated[
+        str, typer.Option(help="Codec spec, e.g. topk:0.1, sign, int8+zstd (docs/codecs.md).")
+    ] = DEFAULTS.codec,
     consensus_step: Annotated[
         float, typer.Option(help="CHOCO-SGD γ in (0, 1].")
     ] = DEFAULTS.consensus_step,
-    keyframe_threshold: Annotated[
-        float, typer.Option(help="Relative compression error that triggers a keyframe (0: off).")
-    ] = DEFAULTS.keyframe_threshold,
+    keyframe_growth: Annotated[
+        float,
+        typer.Option(
+            help="Keyframe when the compression error is this many times normal (0: off)."
+        ),
+    ] = DEFAULTS.keyframe_growth,
+    dense_below: Annotated[
+        int, typer.Option(help="Send tensors with fewer elements uncompressed (0: none).")
+    ] = 0,
+    byte_budget: Annotated[
+        int, typer.Option(help="Payload bytes per message; sets top-k/random-k density (0: off).")
+    ] = 0,
     rounds: Annotated[int, typer.Option(help="Rounds.")] = 30,
     learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
     batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
@@ -74,7 +85,9 @@ def start(
         "devices": devices,
         "test_data": test_data,
         "sketch_dim": DEFAULTS.sketch_dim,
-        "keyframe_threshold": keyframe_threshold,
+        "keyframe_growth": keyframe_growth,
+        "dense_below": dense_below,
+        "byte_budget": byte_budget,
     }
     job = client.create_job(spec)  # type: ignore[arg-type]
     try:

@@ -21,14 +21,23 @@ def local(
     topology: Annotated[str, typer.Option(help="ring, complete, star or exponential.")] = "ring",
     algorithm: Annotated[str, typer.Option(help="choco (compressed) or dpsgd.")] = "choco",
     codec: Annotated[
-        str, typer.Option(help="Codec spec: identity or topk:DENSITY.")
+        str, typer.Option(help="Codec spec, e.g. topk:0.1, sign, int8+zstd (docs/codecs.md).")
     ] = DEFAULTS.codec,
     consensus_step: Annotated[
         float, typer.Option(help="CHOCO-SGD consensus step size γ in (0, 1].")
     ] = DEFAULTS.consensus_step,
-    keyframe_threshold: Annotated[
-        float, typer.Option(help="Relative compression error that triggers a keyframe (0: off).")
-    ] = DEFAULTS.keyframe_threshold,
+    keyframe_growth: Annotated[
+        float,
+        typer.Option(
+            help="Keyframe when the compression error is this many times normal (0: off)."
+        ),
+    ] = DEFAULTS.keyframe_growth,
+    dense_below: Annotated[
+        int, typer.Option(help="Send tensors with fewer elements uncompressed (0: none).")
+    ] = 0,
+    byte_budget: Annotated[
+        int, typer.Option(help="Payload bytes per message; sets top-k/random-k density (0: off).")
+    ] = 0,
     alpha: Annotated[float, typer.Option(help="Dirichlet α of the label-skew partition.")] = 0.5,
     learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
     batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
@@ -56,7 +65,9 @@ def local(
         algorithm=algorithm,
         codec=codec,
         consensus_step=consensus_step,
-        keyframe_threshold=keyframe_threshold,
+        keyframe_growth=keyframe_growth,
+        dense_below=dense_below,
+        byte_budget=byte_budget,
         learning_rate=learning_rate,
         batch_size=batch_size,
         local_epochs=local_epochs,

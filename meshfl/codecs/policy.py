@@ -79,6 +79,39 @@ class CodecPolicy:
         return total
 
     @classmethod
+    def from_options(
+        cls, codec: Codec, layout: ModelLayout, dense_below: int = 0, byte_budget: int = 0
+    ) -> CodecPolicy:
+        """Return the policy of a job: ``codec``, small tensors dense, density from a budget.
+
+        Parameters
+        ----------
+        codec : Codec
+            The job's codec (its spec string parsed).
+        layout : sequence of (str, tuple of int)
+            The model's (name, shape) pairs.
+        dense_below : int, default 0
+            Tensors with fewer elements go uncompressed (0: none).
+        byte_budget : int, default 0
+            Payload bytes per message; when > 0 the codec must be top-k or random-k and
+            its density is replaced by the largest that fits (0: keep the codec's).
+
+        Raises
+        ------
+        ConfigError
+            A budget with a codec that has no density, or a budget too small.
+
+        """
+        if byte_budget <= 0:
+            return cls(codec, dense_below)
+        if codec.name not in ("topk", "randk"):
+            raise ConfigError(
+                f"a byte budget sets a sparsifier's density; codec {codec.spec!r} has none"
+                " (use topk:D or randk:D)"
+            )
+        return cls.for_budget(byte_budget, layout, codec.name, dense_below)
+
+    @classmethod
     def for_budget(
         cls,
         budget_bytes: int,

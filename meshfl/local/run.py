@@ -38,7 +38,9 @@ class LocalConfig:
     algorithm: str = "choco"
     codec: str = "topk:0.15"
     consensus_step: float = 0.9
-    keyframe_threshold: float = 0.15
+    keyframe_growth: float = 1.5
+    dense_below: int = 0
+    byte_budget: int = 0
     learning_rate: float = 0.1
     batch_size: int = 32
     local_epochs: int = 1
@@ -187,6 +189,9 @@ def validate(config: LocalConfig) -> None:
                          ("--deadline", config.round_deadline_s)):  # fmt: skip
         if not (math.isfinite(number) and number > 0):
             raise ConfigError(f"{name} must be a positive number (got {number})")
+    growth = config.keyframe_growth
+    if not (math.isfinite(growth) and (growth == 0 or growth > 1)):
+        raise ConfigError(f"--keyframe-growth must be 0 (off) or > 1 (got {growth})")
     if not (math.isfinite(config.consensus_step) and 0 < config.consensus_step <= 1):
         raise ConfigError(f"--consensus-step must be in (0, 1] (got {config.consensus_step})")
     if config.algorithm not in ("choco", "dpsgd"):
@@ -200,6 +205,12 @@ def validate(config: LocalConfig) -> None:
         from edge_agent.transport.mqtt import parse_broker_url
 
         parse_broker_url(config.broker)
+    if config.dense_below < 0 or config.byte_budget < 0:
+        raise ConfigError("--dense-below and --byte-budget must be >= 0")
+    if config.byte_budget and parse_codec(config.codec).name not in ("topk", "randk"):
+        raise ConfigError(
+            "--byte-budget sets a sparsifier's density: use --codec topk:D or randk:D"
+        )
     if config.algorithm == "dpsgd" and parse_codec(config.codec).spec not in ("identity",):
         raise ConfigError("--algorithm dpsgd sends whole models: use --codec identity")
 
@@ -333,7 +344,9 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "devices": config.agents,
         "test_data": str(test_file.resolve()),
         "sketch_dim": config.sketch_dim,
-        "keyframe_threshold": config.keyframe_threshold,
+        "keyframe_growth": config.keyframe_growth,
+        "dense_below": config.dense_below,
+        "byte_budget": config.byte_budget,
     }  # fmt: skip
 
 
