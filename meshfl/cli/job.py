@@ -7,6 +7,20 @@ from typing import Annotated
 
 import typer
 
+from meshfl.cli.options import (
+    Algorithm,
+    BatchSize,
+    ByteBudget,
+    CodecSpec,
+    ConsensusStep,
+    Deadline,
+    DenseBelow,
+    KeyframeGrowth,
+    LearningRate,
+    LocalEpochs,
+    Rounds,
+    Topology,
+)
 from meshfl.contract import RoundSummary
 from meshfl.errors import MeshflError
 from meshfl.local.admin import AdminClient
@@ -30,31 +44,18 @@ def start(
     input_dim: Annotated[int, typer.Option(help="Features per sample.")] = 64,
     num_classes: Annotated[int, typer.Option(help="Number of classes.")] = 10,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths, comma-separated.")] = "64",
-    topology: Annotated[str, typer.Option(help="ring, complete, star or exponential.")] = "ring",
-    algorithm: Annotated[str, typer.Option(help="choco or dpsgd.")] = "choco",
-    codec: Annotated[
-        str, typer.Option(help="Codec spec, e.g. topk:0.1, sign, int8+zstd (docs/codecs.md).")
-    ] = DEFAULTS.codec,
-    consensus_step: Annotated[
-        float, typer.Option(help="CHOCO-SGD γ in (0, 1].")
-    ] = DEFAULTS.consensus_step,
-    keyframe_growth: Annotated[
-        float,
-        typer.Option(
-            help="Keyframe when the compression error is this many times normal (0: off)."
-        ),
-    ] = DEFAULTS.keyframe_growth,
-    dense_below: Annotated[
-        int, typer.Option(help="Send tensors with fewer elements uncompressed (0: none).")
-    ] = 0,
-    byte_budget: Annotated[
-        int, typer.Option(help="Payload bytes per message; sets top-k/random-k density (0: off).")
-    ] = 0,
-    rounds: Annotated[int, typer.Option(help="Rounds.")] = 30,
-    learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
-    batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
-    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 1,
-    deadline: Annotated[float, typer.Option(help="Round deadline (seconds).")] = 30.0,
+    topology: Topology = DEFAULTS.topology,
+    algorithm: Algorithm = DEFAULTS.algorithm,
+    codec: CodecSpec = DEFAULTS.codec,
+    consensus_step: ConsensusStep = DEFAULTS.consensus_step,
+    keyframe_growth: KeyframeGrowth = DEFAULTS.keyframe_growth,
+    dense_below: DenseBelow = DEFAULTS.dense_below,
+    byte_budget: ByteBudget = DEFAULTS.byte_budget,
+    rounds: Rounds = DEFAULTS.rounds,
+    learning_rate: LearningRate = DEFAULTS.learning_rate,
+    batch_size: BatchSize = DEFAULTS.batch_size,
+    local_epochs: LocalEpochs = DEFAULTS.local_epochs,
+    deadline: Deadline = DEFAULTS.round_deadline_s,
     test_data: Annotated[
         str | None, typer.Option(help="Test file path on the devices (default: their own).")
     ] = None,

@@ -8,41 +8,42 @@ from typing import Annotated, Any
 
 import typer
 
+from meshfl.cli.options import (
+    Algorithm,
+    BatchSize,
+    ByteBudget,
+    CodecSpec,
+    ConsensusStep,
+    Deadline,
+    DenseBelow,
+    KeyframeGrowth,
+    LearningRate,
+    LocalEpochs,
+    Rounds,
+    Topology,
+)
 from meshfl.contract import RoundSummary
 from meshfl.local.run import DEFAULTS
 
 
 def local(
     agents: Annotated[int, typer.Option(help="Number of agent processes.")] = 8,
-    rounds: Annotated[int, typer.Option(help="Gossip rounds.")] = 30,
+    rounds: Rounds = DEFAULTS.rounds,
     dataset: Annotated[
         str, typer.Option(help="'digits' (built in) or a .npz/.csv file to partition.")
     ] = "digits",
-    topology: Annotated[str, typer.Option(help="ring, complete, star or exponential.")] = "ring",
-    algorithm: Annotated[str, typer.Option(help="choco (compressed) or dpsgd.")] = "choco",
-    codec: Annotated[
-        str, typer.Option(help="Codec spec, e.g. topk:0.1, sign, int8+zstd (docs/codecs.md).")
-    ] = DEFAULTS.codec,
-    consensus_step: Annotated[
-        float, typer.Option(help="CHOCO-SGD consensus step size γ in (0, 1].")
-    ] = DEFAULTS.consensus_step,
-    keyframe_growth: Annotated[
-        float,
-        typer.Option(
-            help="Keyframe when the compression error is this many times normal (0: off)."
-        ),
-    ] = DEFAULTS.keyframe_growth,
-    dense_below: Annotated[
-        int, typer.Option(help="Send tensors with fewer elements uncompressed (0: none).")
-    ] = 0,
-    byte_budget: Annotated[
-        int, typer.Option(help="Payload bytes per message; sets top-k/random-k density (0: off).")
-    ] = 0,
+    topology: Topology = DEFAULTS.topology,
+    algorithm: Algorithm = DEFAULTS.algorithm,
+    codec: CodecSpec = DEFAULTS.codec,
+    consensus_step: ConsensusStep = DEFAULTS.consensus_step,
+    keyframe_growth: KeyframeGrowth = DEFAULTS.keyframe_growth,
+    dense_below: DenseBelow = DEFAULTS.dense_below,
+    byte_budget: ByteBudget = DEFAULTS.byte_budget,
     alpha: Annotated[float, typer.Option(help="Dirichlet α of the label-skew partition.")] = 0.5,
-    learning_rate: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.1,
-    batch_size: Annotated[int, typer.Option(help="Minibatch size.")] = 32,
-    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 1,
-    deadline: Annotated[float, typer.Option(help="Round deadline in seconds.")] = 30.0,
+    learning_rate: LearningRate = DEFAULTS.learning_rate,
+    batch_size: BatchSize = DEFAULTS.batch_size,
+    local_epochs: LocalEpochs = DEFAULTS.local_epochs,
+    deadline: Deadline = DEFAULTS.round_deadline_s,
     broker: Annotated[
         str | None, typer.Option(help="Use this broker (mqtt://HOST:PORT) instead of the embedded.")
     ] = None,
