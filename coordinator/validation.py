@@ -23,7 +23,7 @@ __all__ = [
 LOSSLESS_CODECS = frozenset({"identity", "fp32"})
 
 #: Models the agents' zoo builds (the coordinator knows them only by name and spec).
-KNOWN_MODELS = frozenset({"mlp"})
+KNOWN_MODELS = frozenset({"mlp", "cnn1d"})
 MAX_ROUNDS = 100_000
 MAX_CLASSES = 100_000
 MAX_WIDTH = 65_536

@@ -4,6 +4,9 @@ W1 (``shared/WORKLOADS.md``): scikit-learn digits, features / 16, stratified 20 
 split with ``random_state=0``; 8 devices, Dirichlet(α = 0.5) label skew, numpy seed 0.
 :func:`load_digits_split` and :func:`dirichlet_partition` reproduce its published indices
 exactly.
+
+W2: MNIST-1D (Greydanus & Kobak, ICML 2024), generated offline by the ``mnist1d``
+package's ``make_dataset()`` with its default arguments; :func:`load_mnist1d_split`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = [
     "dirichlet_partition",
     "iid_partition",
     "load_digits_split",
+    "load_mnist1d_split",
     "split_dataset_file",
     "write_partition",
 ]
@@ -79,6 +83,54 @@ def load_digits_split(seed: int = 0) -> Split:
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     return _stratified_split(x, digits.target.astype(np.int64), 0.2, seed, "digits")
+
+
+MNIST1D_SEED = 42
+"""Generation seed of ``mnist1d.data.get_dataset_args()`` (W2)."""
+
+
+def load_mnist1d_split(seed: int = 0) -> Split:
+    """W2's data: MNIST-1D generated offline (5,000 sequences of length 40, 10 classes).
+
+    Calls ``mnist1d.data.make_dataset`` with ``get_dataset_args()`` (the package's
+    defaults: 5,000 samples, 80 % train split, final sequence length 40) — never its
+    download helpers. The package's own split gives 4,000 train / 1,000 test samples;
+    features are float32 ``(n, 40)`` (standardised by the package), labels int64.
+
+    Parameters
+    ----------
+    seed : int, default 0
+        Added to the package's generation seed (42); 0 is W2 exactly. The package seeds
+        numpy's and Python's global generators; their states are restored afterwards.
+
+    Raises
+    ------
+    ConfigError
+        The ``mnist1d`` package is not installed (``pip install mnist1d``).
+
+    """
+    import random
+
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError:
+        raise ConfigError(
+            "W2 needs the mnist1d package; install it with 'pip install mnist1d'"
+        ) from None
+    args = get_dataset_args()
+    args.seed = MNIST1D_SEED + int(seed)
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        data = make_dataset(args)
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+    return Split(
+        np.ascontiguousarray(data["x"], dtype=np.float32),
+        np.ascontiguousarray(data["y"], dtype=np.int64),
+        np.ascontiguousarray(data["x_test"], dtype=np.float32),
+        np.ascontiguousarray(data["y_test"], dtype=np.int64),
+    )
 
 
 def _check_partition_args(n_devices: int, alpha: float | None = None) -> None:

@@ -6,26 +6,54 @@ gossip algorithms of :mod:`meshfl.aggregation` over the wire encoding of their m
 whose messages all arrive in time computes the same numbers (a test checks it), so this
 is how the defaults were chosen and how sweeps over seeds and settings stay cheap: a
 30-round W1 run takes about two seconds.
+
+Besides the agents' algorithms (``gossip="choco"`` and ``"dpsgd"``) it runs the naive
+scheme of Tang et al. (NeurIPS 2018, "Communication Compression for Decentralized
+Training", Sec. 3), ``gossip="model"``: each device sends its compressed *model* C(x_i)
+and mixes ``x_i ← w_ii x_i + Σ_j w_ij C(x_j)``. Tang et al. show it does not converge
+for compressors with large error; it is here to measure that (``tests``), not to use.
 """
 
 from __future__ import annotations
 
+import functools
+import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from meshfl.errors import ConfigError
 from meshfl.local.run import LocalConfig
 
-__all__ = ["LockstepResult", "run_lockstep"]
+if TYPE_CHECKING:
+    from meshfl.codecs import CodecPolicy
+    from meshfl.contract import ModelSpec
+    from meshfl.wire import TensorEntry
+    from models.datasets import Split
+
+__all__ = ["GOSSIPS", "LockstepResult", "load_split", "run_lockstep"]
+
+GOSSIPS: tuple[str, ...] = ("choco", "dpsgd", "model")
+"""Gossip schemes :func:`run_lockstep` runs (``None`` there means ``config.algorithm``)."""
 
 
 @dataclass
 class LockstepResult:
-    """Per-round mean and minimum test accuracy, and payload bytes sent per round."""
+    """Per round: mean and minimum test accuracy, payload bytes sent, seconds since start.
+
+    ``payload_bytes[r]`` sums the tensor payloads of every device's message of round
+    ``r`` (no envelope); ``elapsed_s[r]`` is wall-clock seconds from the start of the
+    run to the end of round ``r`` (evaluation included). ``keyframes`` counts CHOCO's
+    lossless keyframes over the run.
+    """
 
     mean_accuracy: list[float] = field(default_factory=list)
     min_accuracy: list[float] = field(default_factory=list)
     payload_bytes: list[int] = field(default_factory=list)
+    elapsed_s: list[float] = field(default_factory=list)
+    keyframes: int = 0
 
     @property
     def final(self) -> float:
@@ -33,35 +61,138 @@ class LockstepResult:
         return self.mean_accuracy[-1]
 
 
-def run_lockstep(config: LocalConfig, model_seed: int | None = None) -> LockstepResult:
+@functools.cache
+def load_split(dataset: str, seed: int = 0) -> Split:
+    """The built-in datasets by name: ``"digits"`` (W1) or ``"mnist1d"`` (W2), cached.
+
+    Callers must not modify the returned arrays. Raises ConfigError for another name.
+    """
+    from models.datasets import load_digits_split, load_mnist1d_split
+
+    if dataset == "digits":
+        return load_digits_split(seed)
+    if dataset == "mnist1d":
+        return load_mnist1d_split(seed)
+    raise ConfigError(f"unknown built-in dataset {dataset!r}; known: digits, mnist1d")
+
+
+class _CompressedModelGossip:
+    """Tang et al.'s naive compressed gossip: send C(x_i), mix x_i ← w_ii x_i + Σ w_ij C(x_j).
+
+    A missing neighbour's weight stays on the device's own model (as in D-PSGD).
+    """
+
+    message_kind: ClassVar[int] = 2  # meshfl.wire.MessageKind.MODEL
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        neighbours: Mapping[str, float],
+        policy: CodecPolicy,
+    ) -> None:
+        from meshfl.aggregation._model import check_weights, layout_of
+
+        self._weights = check_weights(neighbours, 1.0 - sum(neighbours.values()))
+        self._layout = layout_of(params)
+        self._codecs = [policy.codec_for(name, shape) for name, shape in self._layout]
+        self._latest: dict[str, list[np.ndarray]] = {}
+
+    def outgoing(self, x: Mapping[str, np.ndarray]) -> tuple[TensorEntry, ...]:
+        from meshfl.aggregation._model import check_model
+        from meshfl.wire import DType, TensorEntry
+
+        tensors = check_model(x, self._layout)
+        return tuple(
+            TensorEntry(name, shape, DType.FLOAT32, c.tag, c.encode(t))
+            for c, (name, shape), t in zip(self._codecs, self._layout, tensors, strict=True)
+        )
+
+    def incoming(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
+        from meshfl.aggregation._model import decode_entries
+
+        self._latest[sender] = decode_entries(sender, tensors, self._layout, self._weights)
+
+    def mix(self, x: Mapping[str, np.ndarray], answered: Collection[str]) -> dict[str, np.ndarray]:
+        from meshfl.aggregation._model import check_answered, check_model
+
+        tensors = check_model(x, self._layout)
+        peers = check_answered(answered, self._weights)
+        out: dict[str, np.ndarray] = {}
+        for t, (name, _) in enumerate(self._layout):
+            own = tensors[t].astype(np.float64)
+            acc = own.copy()
+            for peer, weight in self._weights.items():
+                if peer in peers:
+                    acc += weight * (self._latest[peer][t].astype(np.float64) - own)
+            out[name] = acc.astype(np.float32)
+        return out
+
+
+def run_lockstep(
+    config: LocalConfig,
+    model_seed: int | None = None,
+    *,
+    model: ModelSpec | None = None,
+    gossip: str | None = None,
+) -> LockstepResult:
     """Run ``config``'s job (dataset, partition, model, algorithm, codec, topology) in lockstep.
 
-    ``model_seed`` overrides the model and shuffling seed while keeping the data
-    partition of ``config.seed`` (to measure the spread over initialisations).
-    Payload bytes count the tensor payloads of every message (no envelope).
+    Parameters
+    ----------
+    config : LocalConfig
+        ``dataset`` is ``"digits"`` (W1), ``"mnist1d"`` (W2) or a ``.npz``/``.csv`` file;
+        ``agents``, ``alpha`` and ``seed`` give the Dirichlet partition; ``codec``,
+        ``consensus_step`` (γ), ``keyframe_growth``, ``dense_below``, ``byte_budget``
+        (the per-tensor :class:`meshfl.codecs.CodecPolicy`, as the agents build it) and
+        ``topology`` the gossip;
+        ``learning_rate``, ``batch_size``, ``local_epochs`` and ``rounds`` the training.
+    model_seed : int, optional
+        Overrides the model and shuffling seed (and the codecs' random seeds) while
+        keeping the data partition of ``config.seed`` (to measure the spread over
+        initialisations).
+    model : ModelSpec, optional
+        The model; default the MLP ``input_dim → 64 → classes`` of ``meshfl local``.
+    gossip : {"choco", "dpsgd", "model"}, optional
+        Default ``config.algorithm``. ``"dpsgd"`` sends identity-coded models;
+        ``"model"`` is Tang et al.'s naive compressed-model gossip with ``config.codec``.
+
+    Returns
+    -------
+    LockstepResult
+        Per-round accuracies, payload bytes (tensor payloads of every message, no
+        envelope) and elapsed seconds.
+
+    Raises
+    ------
+    ConfigError
+        Unknown gossip, a bad codec spec, topology or model spec.
+
     """
     from edge_agent.trainer import Trainer
     from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm
-    from meshfl.codecs import parse_codec
+    from meshfl.codecs import CodecPolicy, parse_codec
     from meshfl.topology import build_graph, metropolis_hastings
-    from models.datasets import dirichlet_partition, load_digits_split, split_dataset_file
+    from models.datasets import dirichlet_partition, split_dataset_file
 
-    if config.dataset == "digits":
-        split = load_digits_split(config.seed)
+    scheme = config.algorithm if gossip is None else gossip
+    if scheme not in GOSSIPS:
+        raise ConfigError(f"gossip must be one of {', '.join(GOSSIPS)} (got {scheme!r})")
+    if config.dataset in ("digits", "mnist1d"):
+        split = load_split(config.dataset, config.seed)
     else:
         split = split_dataset_file(
             config.dataset, config.agents, config.alpha, config.seed,
             label_column=config.label_column,
         )  # fmt: skip
     parts = dirichlet_partition(split.y_train, config.agents, config.alpha, config.seed)
-    classes = 10 if config.dataset == "digits" else int(split.y_test.max()) + 1
-    spec = {"name": "mlp", "input_dim": int(split.x_train.shape[1]), "num_classes": classes,
-            "hidden": [64]}  # fmt: skip
+    classes = 10 if config.dataset in ("digits", "mnist1d") else int(split.y_test.max()) + 1
+    spec = model or {"name": "mlp", "input_dim": int(split.x_train.shape[1]),
+                     "num_classes": classes, "hidden": [64]}  # fmt: skip
     seed = config.seed if model_seed is None else model_seed
     n = config.agents
     trainers = [
         Trainer(
-            spec,  # type: ignore[arg-type]
+            spec,
             seed=seed,
             data_seed=seed + 1 + i,
             learning_rate=config.learning_rate,
@@ -74,18 +205,26 @@ def run_lockstep(config: LocalConfig, model_seed: int | None = None) -> Lockstep
     w = metropolis_hastings(graph)
     ids = [f"device-{i}" for i in range(n)]
     x0 = trainers[0].params()
+    layout = [(name, tuple(a.shape)) for name, a in x0.items()]
     algorithms: list[GossipAlgorithm] = []
     for i in range(n):
         weights = {ids[j]: float(w[i, j]) for j in graph.neighbours(i)}
-        if config.algorithm == "dpsgd":
+        policy = CodecPolicy.from_options(
+            parse_codec(config.codec, seed=1000 * seed + i), layout,
+            dense_below=config.dense_below, byte_budget=config.byte_budget,
+        )  # fmt: skip
+        if scheme == "dpsgd":
             algorithms.append(DPSGDGossip(x0, weights, float(w[i, i])))
+        elif scheme == "model":
+            algorithms.append(_CompressedModelGossip(x0, weights, policy))
         else:
             algorithms.append(
                 ChocoGossip(x0, weights, float(w[i, i]), consensus_step=config.consensus_step,
-                            codec=parse_codec(config.codec), shared_start=True,
-                            keyframe_threshold=config.keyframe_threshold)
+                            codec=policy, shared_start=True,
+                            keyframe_growth=config.keyframe_growth)
             )  # fmt: skip
     result = LockstepResult()
+    start = time.perf_counter()
     for _ in range(config.rounds):
         params = []
         for i, trainer in enumerate(trainers):
@@ -102,4 +241,6 @@ def run_lockstep(config: LocalConfig, model_seed: int | None = None) -> Lockstep
         result.mean_accuracy.append(float(np.mean(accuracy)))
         result.min_accuracy.append(float(np.min(accuracy)))
         result.payload_bytes.append(sum(len(e.payload) for m in messages for e in m))
+        result.elapsed_s.append(time.perf_counter() - start)
+    result.keyframes = sum(int(getattr(a, "keyframes_sent", 0)) for a in algorithms)
     return result
