@@ -455,6 +455,8 @@ def test_bad_job_specs_name_the_field(client: TestClient) -> None:
                                   "hidden": [64]}),
         "spec.model.name": spec(model={"name": "foo", "input_dim": 64, "num_classes": 10,
                                        "hidden": [64]}),
+        "spec.byte_budget": spec(codec="sign", byte_budget=1000),
+        "spec.keyframe_growth": spec(keyframe_growth=0.5),
     }  # fmt: skip
     for field, body in cases.items():
         r = client.post(f"{API}/jobs", json=body, headers=ADMIN_H)
