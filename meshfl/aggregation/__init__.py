@@ -6,6 +6,7 @@ neighbour's message to ``incoming(sender, tensors)`` (exactly once), and then ca
 """
 
 from meshfl.aggregation.choco import ChocoGossip
+from meshfl.aggregation.compressed_dpsgd import CompressedDPSGD
 from meshfl.aggregation.dpsgd import DPSGDGossip
 from meshfl.aggregation.error_feedback import ErrorFeedback
 from meshfl.aggregation.protocol import GossipAlgorithm
@@ -13,6 +14,7 @@ from meshfl.aggregation.sketch import consensus_distance, consensus_sketch
 
 __all__ = [
     "ChocoGossip",
+    "CompressedDPSGD",
     "DPSGDGossip",
     "ErrorFeedback",
     "GossipAlgorithm",

@@ -7,20 +7,21 @@ whose messages all arrive in time computes the same numbers (a test checks it), 
 is how the defaults were chosen and how sweeps over seeds and settings stay cheap: a
 30-round W1 run takes about two seconds.
 
-Besides the agents' algorithms (``gossip="choco"`` and ``"dpsgd"``) it runs the naive
-scheme of Tang et al. (NeurIPS 2018, "Communication Compression for Decentralized
-Training", Sec. 3), ``gossip="model"``: each device sends its compressed *model* C(x_i)
-and mixes ``x_i ← w_ii x_i + Σ_j w_ij C(x_j)``. Tang et al. show it does not converge
-for compressors with large error; it is here to measure that (``tests``), not to use.
+Besides the agents' algorithms (``gossip="choco"`` and ``"dpsgd"``) it runs compressed
+*model* gossip, :class:`meshfl.aggregation.CompressedDPSGD`: each device sends C(x_i) and
+mixes ``x_i ← w_ii x_i + Σ_j w_ij D(C(x_j))``. ``gossip="model"`` is the naive scheme of
+Tang et al. (NeurIPS 2018, "Communication Compression for Decentralized Training",
+Sec. 3), which does not converge for compressors with large error; ``"model-ef"`` adds
+error feedback (C(x_i + e_i), residual e_i kept in an explicit
+:class:`meshfl.aggregation.ErrorFeedback`). Both are here to measure (``tests``), not to use.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,14 +29,12 @@ from meshfl.errors import ConfigError
 from meshfl.local.run import LocalConfig
 
 if TYPE_CHECKING:
-    from meshfl.codecs import CodecPolicy
     from meshfl.contract import ModelSpec
-    from meshfl.wire import TensorEntry
     from models.datasets import Split
 
 __all__ = ["GOSSIPS", "LockstepResult", "load_split", "run_lockstep"]
 
-GOSSIPS: tuple[str, ...] = ("choco", "dpsgd", "model")
+GOSSIPS: tuple[str, ...] = ("choco", "dpsgd", "model", "model-ef")
 """Gossip schemes :func:`run_lockstep` runs (``None`` there means ``config.algorithm``)."""
 
 
@@ -76,58 +75,6 @@ def load_split(dataset: str, seed: int = 0) -> Split:
     raise ConfigError(f"unknown built-in dataset {dataset!r}; known: digits, mnist1d")
 
 
-class _CompressedModelGossip:
-    """Tang et al.'s naive compressed gossip: send C(x_i), mix x_i ← w_ii x_i + Σ w_ij C(x_j).
-
-    A missing neighbour's weight stays on the device's own model (as in D-PSGD).
-    """
-
-    message_kind: ClassVar[int] = 2  # meshfl.wire.MessageKind.MODEL
-
-    def __init__(
-        self,
-        params: Mapping[str, np.ndarray],
-        neighbours: Mapping[str, float],
-        policy: CodecPolicy,
-    ) -> None:
-        from meshfl.aggregation._model import check_weights, layout_of
-
-        self._weights = check_weights(neighbours, 1.0 - sum(neighbours.values()))
-        self._layout = layout_of(params)
-        self._codecs = [policy.codec_for(name, shape) for name, shape in self._layout]
-        self._latest: dict[str, list[np.ndarray]] = {}
-
-    def outgoing(self, x: Mapping[str, np.ndarray]) -> tuple[TensorEntry, ...]:
-        from meshfl.aggregation._model import check_model
-        from meshfl.wire import DType, TensorEntry
-
-        tensors = check_model(x, self._layout)
-        return tuple(
-            TensorEntry(name, shape, DType.FLOAT32, c.tag, c.encode(t))
-            for c, (name, shape), t in zip(self._codecs, self._layout, tensors, strict=True)
-        )
-
-    def incoming(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
-        from meshfl.aggregation._model import decode_entries
-
-        self._latest[sender] = decode_entries(sender, tensors, self._layout, self._weights)
-
-    def mix(self, x: Mapping[str, np.ndarray], answered: Collection[str]) -> dict[str, np.ndarray]:
-        from meshfl.aggregation._model import check_answered, check_model
-
-        tensors = check_model(x, self._layout)
-        peers = check_answered(answered, self._weights)
-        out: dict[str, np.ndarray] = {}
-        for t, (name, _) in enumerate(self._layout):
-            own = tensors[t].astype(np.float64)
-            acc = own.copy()
-            for peer, weight in self._weights.items():
-                if peer in peers:
-                    acc += weight * (self._latest[peer][t].astype(np.float64) - own)
-            out[name] = acc.astype(np.float32)
-        return out
-
-
 def run_lockstep(
     config: LocalConfig,
     model_seed: int | None = None,
@@ -152,9 +99,11 @@ def run_lockstep(
         initialisations).
     model : ModelSpec, optional
         The model; default the MLP ``input_dim → 64 → classes`` of ``meshfl local``.
-    gossip : {"choco", "dpsgd", "model"}, optional
+    gossip : {"choco", "dpsgd", "model", "model-ef"}, optional
         Default ``config.algorithm``. ``"dpsgd"`` sends identity-coded models;
-        ``"model"`` is Tang et al.'s naive compressed-model gossip with ``config.codec``.
+        ``"model"`` is Tang et al.'s naive compressed-model gossip with ``config.codec``
+        and ``"model-ef"`` the same with error feedback (both
+        :class:`meshfl.aggregation.CompressedDPSGD`).
 
     Returns
     -------
@@ -169,7 +118,7 @@ def run_lockstep(
 
     """
     from edge_agent.trainer import Trainer
-    from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm
+    from meshfl.aggregation import ChocoGossip, CompressedDPSGD, DPSGDGossip, GossipAlgorithm
     from meshfl.codecs import CodecPolicy, parse_codec
     from meshfl.topology import build_graph, metropolis_hastings
     from models.datasets import dirichlet_partition, split_dataset_file
@@ -215,8 +164,11 @@ def run_lockstep(
         )  # fmt: skip
         if scheme == "dpsgd":
             algorithms.append(DPSGDGossip(x0, weights, float(w[i, i])))
-        elif scheme == "model":
-            algorithms.append(_CompressedModelGossip(x0, weights, policy))
+        elif scheme in ("model", "model-ef"):
+            algorithms.append(
+                CompressedDPSGD(x0, weights, float(w[i, i]), policy,
+                                error_feedback=scheme == "model-ef")
+            )  # fmt: skip
         else:
             algorithms.append(
                 ChocoGossip(x0, weights, float(w[i, i]), consensus_step=config.consensus_step,

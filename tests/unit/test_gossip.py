@@ -92,6 +92,7 @@ def test_exported_members() -> None:
     assert sorted(aggregation.__all__) == sorted(
         [
             "ChocoGossip",
+            "CompressedDPSGD",
             "DPSGDGossip",
             "ErrorFeedback",
             "GossipAlgorithm",
