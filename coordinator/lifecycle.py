@@ -27,8 +27,8 @@ def start_job(session: Session, job: Job, now: float, stale_after_s: float = 120
     """Pick the participants, build the graph and mixing matrix W, and run the job.
 
     Participants are the first ``spec.devices`` live devices (heard from within
-    ``stale_after_s`` seconds: an idle agent polls for work every second or so) by
-    enrolment time
+    ``stale_after_s`` seconds: an idle agent polls for work twice a second) that are not
+    busy in another running job, by enrolment time
     (``0``: all of them); ordered by name (then id), device ``k`` gets index ``k`` in W,
     so the same names give the same graph whatever order the devices enrolled in. W is the
     Metropolis–Hastings matrix of ``build_graph(spec.topology, n)``; the topology
@@ -44,12 +44,17 @@ def start_job(session: Session, job: Job, now: float, stale_after_s: float = 120
     if job.status != "created":
         raise Conflict(f"job {job.id!r} is already {job.status}; create a new job to run again")
     wanted = int(job.spec["devices"])
-    enrolled = [d for d in store.list_devices(session) if now - d.last_seen <= stale_after_s]
+    busy = store.busy_device_ids(session)
+    enrolled = [
+        d
+        for d in store.list_devices(session)
+        if now - d.last_seen <= stale_after_s and d.id not in busy
+    ]
     if not enrolled or len(enrolled) < wanted:
         raise Conflict(
             f"job {job.id!r} needs {wanted or 'at least 1'} device(s) but "
-            f"{len(enrolled)} live device(s) are enrolled; start more agents, then start"
-            " it again (or create a job with fewer devices)"
+            f"{len(enrolled)} live, idle device(s) are enrolled; start more agents or"
+            " create a job with fewer devices"
         )
     chosen = sorted(enrolled[:wanted] if wanted else enrolled, key=lambda d: (d.name, d.id))
     kind = job.spec["topology"]

@@ -36,6 +36,9 @@ class CoordinatorSettings(BaseSettings):
         Seconds. A participant that has not reported for this long, while at least one
         other participant has finished, is declared lost and the job completes without
         it. Default 120.
+    live_within_s : float
+        Seconds. A job starts only on devices heard from this recently and not busy in
+        another running job (idle agents poll for work twice a second). Default 15.
 
     """
 
@@ -47,3 +50,4 @@ class CoordinatorSettings(BaseSettings):
     admin_token: str | None = None
     broker_url: str | None = None
     stale_after_s: float = Field(default=120.0, gt=0)
+    live_within_s: float = Field(default=15.0, gt=0)

@@ -83,6 +83,16 @@ def list_devices(session: Session) -> list[Device]:
     return list(session.scalars(select(Device).order_by(Device.enrolled_at, Device.id)))
 
 
+def busy_device_ids(session: Session) -> set[str]:
+    """Devices taking part in a running job that they have not finished."""
+    query = (
+        select(JobDevice.device_id)
+        .join(Job, Job.id == JobDevice.job_id)
+        .where(Job.status == "running", JobDevice.done.is_(False))
+    )
+    return set(session.scalars(query))
+
+
 def device_names(session: Session, device_ids: list[str]) -> dict[str, str]:
     """Map each of ``device_ids`` that exists to its name."""
     query = select(Device.id, Device.name).where(Device.id.in_(device_ids))

@@ -133,7 +133,8 @@ def _serve(
             client.post_decline(job_id, str(exc))
             if config.once:
                 raise
-            transport.publish(status_topic(fleet, device_id), status_payload("online"), retain=True)
+            # The retained "declined" status stays: neighbours that subscribe later must
+            # see it. The next job's engine announces readiness for that job itself.
         if config.once:
             return
 

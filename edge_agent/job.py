@@ -132,17 +132,24 @@ class JobRunner:
         self_weight = self.assignment["self_weight"]
         if self.spec["algorithm"] == "dpsgd":
             return DPSGDGossip(params, weights, self_weight)
+        policy = CodecPolicy.from_options(
+            parse_codec(self.spec["codec"]),
+            [(name, tuple(a.shape)) for name, a in params.items()],
+            dense_below=self.spec.get("dense_below", 0),
+            byte_budget=self.spec.get("byte_budget", 0),
+        )
+        log.info(
+            "codecs per tensor: %s",
+            ", ".join(
+                f"{name} {policy.codec_for(name, a.shape).spec}" for name, a in params.items()
+            ),
+        )
         return ChocoGossip(
             params,
             weights,
             self_weight,
             consensus_step=self.spec["consensus_step"],
-            codec=CodecPolicy.from_options(
-                parse_codec(self.spec["codec"]),
-                [(name, tuple(a.shape)) for name, a in params.items()],
-                dense_below=self.spec.get("dense_below", 0),
-                byte_budget=self.spec.get("byte_budget", 0),
-            ),
+            codec=policy,
             shared_start=True,  # every device starts from the same seeded x⁰
             keyframe_growth=self.spec.get("keyframe_growth", 0.0),
         )

@@ -65,7 +65,7 @@ def start_job(
 ) -> JobPublic:
     """Pick the participants, plan the topology and mixing matrix, and run the job."""
     job = store.get_job(session, job_id)
-    return _public(session, lifecycle.start_job(session, job, now, settings.stale_after_s))
+    return _public(session, lifecycle.start_job(session, job, now, settings.live_within_s))
 
 
 @router.post("/{job_id}/stop", response_model=JobPublic)

@@ -40,7 +40,9 @@ AdminToken = Annotated[
 def start(
     coordinator: Coordinator,
     admin_token: AdminToken,
-    devices: Annotated[int, typer.Option(help="Devices the job needs (0: all enrolled).")] = 0,
+    devices: Annotated[
+        int, typer.Option(help="Devices the job needs (0: all live, idle devices).")
+    ] = 0,
     input_dim: Annotated[int, typer.Option(help="Features per sample.")] = 64,
     num_classes: Annotated[int, typer.Option(help="Number of classes.")] = 10,
     hidden: Annotated[str, typer.Option(help="Hidden layer widths, comma-separated.")] = "64",
@@ -63,7 +65,10 @@ def start(
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
     """Create a job and start it on the enrolled devices."""
+    from meshfl.codecs import parse_codec
+
     client = AdminClient(coordinator, admin_token)
+    codec = parse_codec(codec).spec
     spec = {
         "name": f"{algorithm}-{codec}-{topology}",
         "model": {
@@ -104,7 +109,10 @@ def start(
 @job_app.command("list")
 def list_jobs(coordinator: Coordinator, admin_token: AdminToken) -> None:
     """List every job with its status and devices."""
-    for job in AdminClient(coordinator, admin_token).jobs():
+    jobs = AdminClient(coordinator, admin_token).jobs()
+    if not jobs:
+        typer.echo("no jobs yet; create one with `meshfl job start`")
+    for job in jobs:
         spec = job["spec"]
         typer.echo(
             f"{job['job_id']}  {job['status']:<9}  {len(job['devices'])} devices"
@@ -122,7 +130,7 @@ def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> No
         acc = "-" if d["final_accuracy"] is None else f"{d['final_accuracy']:.4f}"
         typer.echo(
             f"  {d['name']:<16} rounds {d['rounds_reported']:>3}  final accuracy {acc}"
-            f"  missing rounds {d['missing_rounds'] or '-'}"
+            f"  missing rounds {_ranges(d['missing_rounds'])}"
             + (f"  declined: {d['error']}" if d["error"] else "")
         )
     for r in client.rounds(job_id):
@@ -155,6 +163,21 @@ def _follow(client: AdminClient, job_id: str) -> None:
             typer.echo(f"job {job_id}: {job['status']}")
             return
         time.sleep(1.0)
+
+
+def _ranges(rounds: list[int]) -> str:
+    """``[1, 2, 3, 7, 9, 10]`` → ``1-3, 7, 9-10`` (``-`` when empty)."""
+    if not rounds:
+        return "-"
+    parts, start, prev = [], rounds[0], rounds[0]
+    for r in [*rounds[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)
 
 
 def _line(r: RoundSummary) -> str:

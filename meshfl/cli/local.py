@@ -54,9 +54,11 @@ def local(
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
 
+    from meshfl.codecs import parse_codec
     from meshfl.errors import Interrupted
     from meshfl.local.run import LocalConfig, run_local, validate
 
+    codec = parse_codec(codec).spec  # canonical form in the banner and the report
     config = LocalConfig(
         agents=agents,
         rounds=rounds,
@@ -84,7 +86,8 @@ def local(
     console = Console()
     console.print(
         f"[bold]meshfl local[/]: {agents} agents, {algorithm} {codec}, {topology},"
-        f" {rounds} rounds on {dataset} → {out}/"
+        f" {rounds} rounds on {dataset} → {out}/",
+        soft_wrap=True,
     )
     view = _RoundView(console)
     try:

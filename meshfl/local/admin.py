@@ -91,7 +91,5 @@ class AdminClient:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            raise CoordinatorError(
-                f"{method} {API_PREFIX}{path} failed ({response.status_code}): {detail}"
-            )
+            raise CoordinatorError(f"the coordinator refused ({response.status_code}): {detail}")
         return None if response.status_code == 204 else response.json()

@@ -106,6 +106,8 @@ def run_local(
             f"--out {out} is not a writable directory ({exc.strerror}); choose another"
         ) from None
     device_files, test_file = _prepare_data(config)
+    spec = _job_spec(config, test_file)
+    _check_codec_policy(spec)
     supervisor = Supervisor(out / "logs")
     started = time.monotonic()
     admin: AdminClient | None = None
@@ -124,12 +126,18 @@ def run_local(
                 ],
             )  # fmt: skip
         _wait_for_enrolment(admin, supervisor, config.agents)
-        job = admin.create_job(_job_spec(config, test_file))
+        job = admin.create_job(spec)
         job = admin.start_job(job["job_id"])
         try:
             final_job, rounds, failed = _monitor(admin, supervisor, job, config, on_round, show)
         except KeyboardInterrupt:
             raise _interrupted(config, admin, job, started) from None
+        declined = [d for d in final_job["devices"] if d["error"]]
+        if not rounds and declined:
+            raise MeshflError(
+                f"no round completed: {declined[0]['name']} declined the job"
+                f" ({declined[0]['error']})"
+            )
         if not rounds and failed:
             name, why = next(iter(failed.items()))
             raise MeshflError(f"no round completed: agent {name} failed ({why})")
@@ -261,6 +269,23 @@ def _check_labels(path: Path, x: np.ndarray, y: np.ndarray) -> None:
             f"{path}: labels go up to {int(classes[-1])} for {len(classes)} classes; number"
             " the classes 0..K-1"
         )
+
+
+def _check_codec_policy(spec: JobSpec) -> None:
+    """Refuse a byte budget that cannot work for the job's model before agents decline it."""
+    if not spec.get("byte_budget"):
+        return
+    from meshfl.codecs import CodecPolicy, parse_codec
+    from models.arrays import to_arrays
+    from models.zoo import build_model
+
+    layout = [(k, tuple(v.shape)) for k, v in to_arrays(build_model(spec["model"], 0)).items()]
+    try:
+        CodecPolicy.from_options(
+            parse_codec(spec["codec"]), layout, spec.get("dense_below", 0), spec["byte_budget"]
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"--byte-budget {spec['byte_budget']}: {exc}") from None
 
 
 def _start_broker(supervisor: Supervisor) -> str:

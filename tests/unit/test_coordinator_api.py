@@ -268,7 +268,7 @@ def test_start_builds_a_ring_of_the_first_enrolled_devices(
 ) -> None:
     devices = [enrol(client, clock, f"pi-{k}")[0] for k in range(5)]
     job_id = client.post(f"{API}/jobs", json=spec(devices=4), headers=ADMIN_H).json()["job_id"]
-    clock.now += 60.0
+    clock.now += 10.0
     started = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
     topo = client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).json()
     w = np.array(topo["mixing_matrix"])
@@ -297,6 +297,18 @@ def test_start_skips_devices_not_heard_from_recently(client: TestClient, clock: 
 
     assert [d["device_id"] for d in started["devices"]] == live
     assert silent not in [d["device_id"] for d in started["devices"]]
+
+
+def test_start_skips_devices_busy_in_another_running_job(
+    client: TestClient, clock: FakeClock
+) -> None:
+    running_job(client, clock, n=2)  # both of its devices are now busy
+    idle = [enrol(client, clock, f"pi-idle-{k}")[0] for k in range(2)]
+    job_id = client.post(f"{API}/jobs", json=spec(devices=0), headers=ADMIN_H).json()["job_id"]
+
+    started = client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H).json()
+
+    assert sorted(d["device_id"] for d in started["devices"]) == sorted(idle)
 
 
 def test_a_declining_device_counts_as_done_with_its_reason(

@@ -135,3 +135,24 @@ def test_empty_status_messages_do_not_mark_neighbours_offline(bus: MemoryBroker)
     for g, e in zip(got, expected, strict=True):
         assert g is not None
         np.testing.assert_array_equal(g["w"], e["w"])
+
+
+def test_a_declined_status_for_this_job_ends_the_wait_early(bus: MemoryBroker) -> None:
+    import time
+
+    from gossip_scenarios import FLEET, JOB
+
+    from edge_agent.engine import status_payload
+    from meshfl.wire import status_topic
+
+    decliner = MemoryTransport(bus)
+    decliner.connect("dev-2")
+    decliner.publish(status_topic(FLEET, "dev-2"), status_payload("declined", JOB), retain=True)
+    started = time.monotonic()
+
+    _, missing, _ = run_engines(
+        lambda _id: MemoryTransport(bus), 4, 2, deadline_s=30.0, absent=frozenset({2})
+    )
+
+    assert time.monotonic() - started < 10.0  # neither the start barrier nor a deadline
+    assert missing[1] == [["dev-2"], ["dev-2"]] and missing[3] == [["dev-2"], ["dev-2"]]
