@@ -99,8 +99,22 @@ def round_summaries(
     return out
 
 
+def _degrees(job: Job) -> dict[int, int]:
+    """Each device index's degree in the job's graph (empty before the job starts)."""
+    degree: dict[int, int] = defaultdict(int)
+    for i, j in (job.topology or {}).get("edges", []):
+        degree[int(i)] += 1
+        degree[int(j)] += 1
+    return degree
+
+
 def _job_device(
-    row: JobDevice, name: str, reported: set[int], last_round: int, mine: list[RoundMetric]
+    row: JobDevice,
+    name: str,
+    reported: set[int],
+    last_round: int,
+    mine: list[RoundMetric],
+    degree: int,
 ) -> JobDevicePublic:
     final: dict[str, Any] = row.final or {}
     if row.done and "bytes_sent" in final:
@@ -119,6 +133,9 @@ def _job_device(
         bytes_received=received,
         done=row.done,
         error=final.get("error"),
+        isolated_rounds=sorted(
+            m.round for m in mine if degree and len(m.metrics["missing"]) >= degree
+        ),
     )
 
 
@@ -128,9 +145,11 @@ def job_public(
     """Show a job with each participant's progress; ``names`` maps device id to name.
 
     ``missing_rounds`` of a device are the rounds ``1..R`` it did not report, where R is
-    the last round any device reported.
+    the last round any device reported; ``isolated_rounds`` the rounds it reported but
+    heard from none of its neighbours (it trained alone).
     """
     last_round = max((m.round for m in metrics), default=0)
+    degree = _degrees(job)
     mine: dict[str, list[RoundMetric]] = defaultdict(list)
     for m in metrics:
         mine[m.device_id].append(m)
@@ -141,6 +160,7 @@ def job_public(
             {m.round for m in mine[r.device_id]},
             last_round,
             mine[r.device_id],
+            degree.get(r.index, 0),
         )
         for r in rows
     ]

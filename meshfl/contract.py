@@ -223,6 +223,7 @@ class JobDevicePublic(TypedDict):
     bytes_received: int
     done: bool
     error: str | None  # the reason a device declined the job
+    isolated_rounds: list[int]  # rounds it reported without hearing from any neighbour
 
 
 class TopologyPublic(TypedDict):

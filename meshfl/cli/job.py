@@ -131,6 +131,7 @@ def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> No
         typer.echo(
             f"  {d['name']:<16} rounds {d['rounds_reported']:>3}  final accuracy {acc}"
             f"  missing rounds {_ranges(d['missing_rounds'])}"
+            + (f"  alone in rounds {_ranges(d['isolated_rounds'])}" if d["isolated_rounds"] else "")
             + (f"  declined: {d['error']}" if d["error"] else "")
         )
     for r in client.rounds(job_id):

@@ -442,7 +442,8 @@ def build_report(
             "bytes_sent": d["bytes_sent"],
             "bytes_received": d["bytes_received"],
             "missing_rounds": d["missing_rounds"],
-            "failed": failed.get(d["name"]),
+            "isolated_rounds": d["isolated_rounds"],
+            "failed": failed.get(d["name"]) or d["error"],
         }
         for d in job["devices"]
     ]

@@ -546,3 +546,18 @@ def test_api_docs_load_nothing_from_a_cdn(client: TestClient) -> None:
     assert page.status_code == 200 and "swagger-ui-bundle.js" in page.text
     assert "cdn" not in page.text.lower() and "http" not in page.text.split("<title>")[0].lower()
     assert script.status_code == 200 and len(script.content) > 100_000
+
+
+def test_rounds_a_device_spent_without_any_neighbour_are_named(
+    client: TestClient, clock: FakeClock
+) -> None:
+    job_id, devices = running_job(client, clock, n=4)  # a ring: two neighbours each
+    (d0, h0) = devices[0]
+    url = f"{API}/jobs/{job_id}/metrics"
+    client.post(url, json={**metrics(1, 0.5, []), "missing": ["a", "b"]}, headers=h0)
+    client.post(url, json={**metrics(2, 0.5, []), "missing": ["a"]}, headers=h0)
+
+    job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+
+    mine = next(d for d in job["devices"] if d["device_id"] == d0)
+    assert mine["isolated_rounds"] == [1]
