@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from meshfl.codecs import parse_codec
-from meshfl.contract import DeviceDone, JobSpec, RoundMetrics
+from meshfl.contract import JOB_TOPOLOGIES, DeviceDone, JobSpec, RoundMetrics
 from meshfl.errors import CodecSpecError, ConfigError
 from meshfl.topology import build_graph
 
@@ -101,6 +101,11 @@ def validate_spec(spec: JobSpec) -> None:
         raise ConfigError(
             f"spec.byte_budget sets a sparsifier's density but spec.codec = {spec['codec']!r};"
             " use topk:D or randk:D"
+        )
+    if spec["topology"] not in JOB_TOPOLOGIES:
+        raise ConfigError(
+            f"spec.topology = {spec['topology']!r} is not available to jobs; use one of"
+            f" {', '.join(JOB_TOPOLOGIES)}"
         )
     try:
         build_graph(spec["topology"], 4)

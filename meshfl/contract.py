@@ -39,6 +39,7 @@ from typing_extensions import NotRequired, TypedDict
 
 __all__ = [
     "API_PREFIX",
+    "JOB_TOPOLOGIES",
     "Assignment",
     "CapabilityProfile",
     "DeviceDecline",
@@ -58,6 +59,9 @@ __all__ = [
 ]
 
 API_PREFIX = "/api/v1"
+
+JOB_TOPOLOGIES = ("ring", "complete", "star", "exponential", "torus", "small-world", "erdos-renyi")
+"""Topology names a job accepts today (static graphs built with default parameters)."""
 
 JobStatus = Literal["created", "running", "completed", "stopped"]
 

@@ -6,7 +6,10 @@ from typing import Annotated
 
 import typer
 
-Topology = Annotated[str, typer.Option(help="ring, complete, star or exponential.")]
+Topology = Annotated[
+    str,
+    typer.Option(help="ring, complete, star, exponential, torus, small-world or erdos-renyi."),
+]
 Algorithm = Annotated[str, typer.Option(help="choco (CHOCO-SGD, compressed) or dpsgd.")]
 CodecSpec = Annotated[
     str, typer.Option(help="Codec spec, e.g. topk:0.1, sign, int8+zstd (docs/codecs.md).")

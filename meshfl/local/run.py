@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfl.contract import JobPublic, JobSpec, RoundSummary
+from meshfl.contract import JOB_TOPOLOGIES, JobPublic, JobSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient, settled_rounds
 from meshfl.local.processes import Supervisor, free_port, wait_for_port
@@ -208,6 +208,8 @@ def validate(config: LocalConfig) -> None:
     from meshfl.topology import build_graph
 
     parse_codec(config.codec)
+    if config.topology not in JOB_TOPOLOGIES:
+        raise ConfigError(f"--topology {config.topology!r}: use one of {', '.join(JOB_TOPOLOGIES)}")
     build_graph(config.topology, config.agents)
     if config.broker is not None:
         from edge_agent.transport.mqtt import parse_broker_url

@@ -1,25 +1,47 @@
-"""Topologies: communication graphs, Metropolis–Hastings mixing matrices, spectral gap."""
+"""Topologies: graphs, mixing matrices (Metropolis–Hastings, max-degree), spectral gap."""
 
 from meshfl.topology.graphs import (
     TOPOLOGIES,
     Graph,
     build_graph,
     complete,
+    erdos_renyi,
     exponential,
+    from_edge_list,
+    one_peer_exponential,
+    random_regular,
     ring,
+    small_world,
     star,
+    torus,
 )
-from meshfl.topology.mixing import check_mixing_matrix, metropolis_hastings, spectral_gap
+from meshfl.topology.mixing import (
+    MIXING_RULES,
+    check_mixing_matrix,
+    metropolis_hastings,
+    mixing_matrix,
+    spectral_gap,
+    uniform_weights,
+)
 
 __all__ = [
+    "MIXING_RULES",
     "TOPOLOGIES",
     "Graph",
     "build_graph",
     "check_mixing_matrix",
     "complete",
+    "erdos_renyi",
     "exponential",
+    "from_edge_list",
     "metropolis_hastings",
+    "mixing_matrix",
+    "one_peer_exponential",
+    "random_regular",
     "ring",
+    "small_world",
     "spectral_gap",
     "star",
+    "torus",
+    "uniform_weights",
 ]

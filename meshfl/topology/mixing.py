@@ -1,9 +1,11 @@
-"""Mixing matrices: Metropolis–Hastings weights, invariant checks, spectral gap.
+"""Mixing matrices: Metropolis–Hastings and max-degree weights, invariant checks, spectral gap.
 
 Metropolis–Hastings weights (Xiao & Boyd, "Fast linear iterations for distributed
 averaging", Systems & Control Letters 2004, Eq. 11; Boyd, Diaconis, Xiao, "Fastest
 mixing Markov chain on a graph", SIAM Review 2004) give a symmetric, doubly stochastic,
 nonnegative W supported on the graph, using only each node's and its neighbours' degrees.
+Max-degree weights (Xiao & Boyd 2004, "maximum-degree weights"; here with ``d_max + 1``)
+put the same weight on every edge and need the graph's maximum degree.
 The gossip iteration x ← W x converges at rate ``|λ₂(W)|`` per step; the spectral gap
 ``1 − |λ₂(W)|`` is the quantity (ρ or δ) in the D-PSGD and CHOCO-SGD rates.
 """
@@ -12,10 +14,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshfl.errors import TopologyError
+from meshfl.errors import ConfigError, TopologyError
 from meshfl.topology.graphs import Graph
 
-__all__ = ["check_mixing_matrix", "metropolis_hastings", "spectral_gap"]
+__all__ = [
+    "MIXING_RULES",
+    "check_mixing_matrix",
+    "metropolis_hastings",
+    "mixing_matrix",
+    "spectral_gap",
+    "uniform_weights",
+]
+
+MIXING_RULES: tuple[str, ...] = ("metropolis-hastings", "max-degree")
+"""Rules accepted by :func:`mixing_matrix`."""
 
 
 def metropolis_hastings(graph: Graph) -> np.ndarray:
@@ -42,6 +54,68 @@ def metropolis_hastings(graph: Graph) -> np.ndarray:
         w[i, j] = w[j, i] = 1.0 / (1.0 + max(degrees[i], degrees[j]))
     w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
     return w
+
+
+def uniform_weights(graph: Graph) -> np.ndarray:
+    """Return the max-degree ("uniform") mixing matrix of ``graph``.
+
+    ``W_ij = 1 / (d_max + 1)`` on every edge ``{i, j}``, ``W_ij = 0`` off the graph,
+    ``W_ii = 1 − d_i / (d_max + 1)``, with ``d_max`` the largest degree. These are the
+    maximum-degree weights of Xiao & Boyd ("Fast linear iterations for distributed
+    averaging", Systems & Control Letters 2004) with ``d_max + 1`` in place of
+    ``d_max``: every ``W_ii >= 1 / (d_max + 1) > 0`` and, since the Laplacian's
+    eigenvalues are at most ``2 d_max``, every eigenvalue of W is at least
+    ``(1 − d_max) / (1 + d_max) > −1``, so gossip also converges on bipartite graphs
+    (even rings, stars). Unlike Metropolis–Hastings, each node needs the global
+    ``d_max``.
+
+    Parameters
+    ----------
+    graph : Graph
+        Any graph (need not be connected).
+
+    Returns
+    -------
+    np.ndarray
+        float64, shape (n, n): symmetric, doubly stochastic, nonnegative.
+
+    """
+    n = graph.n
+    w = np.zeros((n, n), dtype=np.float64)
+    d_max = max(graph.degree(i) for i in range(n))
+    for i, j in graph.edges:
+        w[i, j] = w[j, i] = 1.0 / (1.0 + d_max)
+    w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
+    return w
+
+
+def mixing_matrix(graph: Graph, rule: str = "metropolis-hastings") -> np.ndarray:
+    """Return the mixing matrix of ``graph`` under ``rule``.
+
+    Parameters
+    ----------
+    graph : Graph
+        Any graph.
+    rule : str
+        ``"metropolis-hastings"`` (:func:`metropolis_hastings`, the default) or
+        ``"max-degree"`` (:func:`uniform_weights`).
+
+    Returns
+    -------
+    np.ndarray
+        float64, shape (n, n): symmetric, doubly stochastic, nonnegative.
+
+    Raises
+    ------
+    ConfigError
+        If ``rule`` is not one of :data:`MIXING_RULES`.
+
+    """
+    if rule == "metropolis-hastings":
+        return metropolis_hastings(graph)
+    if rule == "max-degree":
+        return uniform_weights(graph)
+    raise ConfigError(f"unknown mixing rule {rule!r}; valid rules: {', '.join(MIXING_RULES)}")
 
 
 def check_mixing_matrix(w: np.ndarray, graph: Graph | None = None, atol: float = 1e-9) -> None:
