@@ -12,6 +12,8 @@ The gossip iteration x ← W x converges at rate ``|λ₂(W)|`` per step; the sp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from meshfl.errors import ConfigError, TopologyError
@@ -47,13 +49,8 @@ def metropolis_hastings(graph: Graph) -> np.ndarray:
         float64, shape (n, n): symmetric, doubly stochastic, nonnegative.
 
     """
-    n = graph.n
-    w = np.zeros((n, n), dtype=np.float64)
-    degrees = [graph.degree(i) for i in range(n)]
-    for i, j in graph.edges:
-        w[i, j] = w[j, i] = 1.0 / (1.0 + max(degrees[i], degrees[j]))
-    w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
-    return w
+    degrees = [graph.degree(i) for i in range(graph.n)]
+    return _from_edge_weights(graph, lambda i, j: 1.0 / (1.0 + max(degrees[i], degrees[j])))
 
 
 def uniform_weights(graph: Graph) -> np.ndarray:
@@ -80,11 +77,16 @@ def uniform_weights(graph: Graph) -> np.ndarray:
         float64, shape (n, n): symmetric, doubly stochastic, nonnegative.
 
     """
+    d_max = max(graph.degree(i) for i in range(graph.n))
+    return _from_edge_weights(graph, lambda i, j: 1.0 / (1.0 + d_max))
+
+
+def _from_edge_weights(graph: Graph, weight: Callable[[int, int], float]) -> np.ndarray:
+    """W with ``weight(i, j)`` on each edge, zero off the graph, and the rest on W_ii."""
     n = graph.n
     w = np.zeros((n, n), dtype=np.float64)
-    d_max = max(graph.degree(i) for i in range(n))
     for i, j in graph.edges:
-        w[i, j] = w[j, i] = 1.0 / (1.0 + d_max)
+        w[i, j] = w[j, i] = weight(i, j)
     w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
     return w
 
