@@ -16,6 +16,7 @@ from sqlalchemy import (
     Double,
     Engine,
     ForeignKey,
+    Index,
     Integer,
     String,
     UniqueConstraint,
@@ -26,7 +27,16 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-__all__ = ["Base", "Device", "Job", "JobDevice", "RoundMetric", "make_engine", "make_sessionmaker"]
+__all__ = [
+    "Base",
+    "Device",
+    "DeviceProfile",
+    "Job",
+    "JobDevice",
+    "RoundMetric",
+    "make_engine",
+    "make_sessionmaker",
+]
 
 
 class Base(DeclarativeBase):
@@ -45,6 +55,20 @@ class Device(Base):
     profile: Mapped[dict[str, Any]] = mapped_column(JSON)
     enrolled_at: Mapped[float] = mapped_column(Double, index=True)
     last_seen: Mapped[float] = mapped_column(Double)
+
+
+class DeviceProfile(Base):
+    """One capability profile a device reported (its history; ``devices.profile`` is the latest)."""
+
+    __tablename__ = "device_profiles"
+    __table_args__ = (
+        Index("ix_device_profiles_device_id_received_at", "device_id", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"))
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)  # a CapabilityProfile
+    received_at: Mapped[float] = mapped_column(Double)
 
 
 class Job(Base):

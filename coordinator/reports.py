@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from coordinator.db import Device, Job, JobDevice, RoundMetric
+from coordinator.db import Device, DeviceProfile, Job, JobDevice, RoundMetric
 from meshfl.aggregation import consensus_distance
 from meshfl.contract import (
     Assignment,
@@ -24,6 +24,7 @@ from meshfl.contract import (
     JobSpec,
     JobStatus,
     Neighbour,
+    ProfileSample,
     RoundSummary,
     TopologyPublic,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "assignment",
     "device_public",
     "job_public",
+    "profile_sample",
     "round_summaries",
     "sketch_distance",
     "topology_public",
@@ -48,6 +50,11 @@ def device_public(device: Device) -> DevicePublic:
         enrolled_at=device.enrolled_at,
         last_seen=device.last_seen,
     )
+
+
+def profile_sample(row: DeviceProfile) -> ProfileSample:
+    """One stored profile of a device with the time the coordinator received it."""
+    return ProfileSample(profile=cast(CapabilityProfile, row.profile), received_at=row.received_at)
 
 
 def sketch_distance(sketches: Sequence[Sequence[float]]) -> float | None:

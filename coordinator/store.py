@@ -1,4 +1,4 @@
-"""The coordinator's data access: devices, jobs, participation and round metrics.
+"""The coordinator's data access: devices, profiles, jobs, participation, round metrics.
 
 Every function takes the request's ``Session`` and the clock's ``now`` (unix seconds),
 commits what it writes, and raises :mod:`coordinator.errors` / meshfl errors, never
@@ -11,18 +11,20 @@ import hashlib
 import secrets
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from coordinator.db import Device, Job, JobDevice, RoundMetric
+from coordinator.db import Device, DeviceProfile, Job, JobDevice, RoundMetric
 from coordinator.errors import Forbidden, NotFound
 from meshfl.contract import CapabilityProfile, JobSpec, RoundMetrics
 
 __all__ = [
+    "PROFILE_HISTORY_LIMIT",
     "create_job",
     "device_by_token",
     "device_names",
+    "devices_meeting",
     "enrol_device",
     "get_device",
     "get_job",
@@ -31,11 +33,15 @@ __all__ = [
     "list_jobs",
     "participants",
     "participation",
+    "profile_history",
     "record_metrics",
     "round_metrics",
     "touch",
     "update_profile",
 ]
+
+PROFILE_HISTORY_LIMIT = 1000
+"""Profile samples kept per device; older ones are deleted when a new one is stored."""
 
 
 def hash_token(token: str) -> str:
@@ -61,6 +67,9 @@ def enrol_device(
         last_seen=now,
     )
     session.add(device)
+    if profile:  # measured at join: the first sample of its history
+        session.flush()
+        _add_profile_sample(session, device, profile, now)
     session.commit()
     return device, token
 
@@ -108,11 +117,66 @@ def touch(session: Session, device: Device, now: float) -> None:
 def update_profile(
     session: Session, device: Device, profile: CapabilityProfile, now: float
 ) -> Device:
-    """Replace the device's capability profile."""
+    """Replace the device's capability profile and append it to the device's history.
+
+    The history keeps the latest :data:`PROFILE_HISTORY_LIMIT` samples of the device.
+    """
     device.profile = dict(profile)
     device.last_seen = now
+    _add_profile_sample(session, device, profile, now)
     session.commit()
     return device
+
+
+def _newest_first(device_id: str) -> Select[int]:
+    return (
+        select(DeviceProfile.id)
+        .where(DeviceProfile.device_id == device_id)
+        .order_by(DeviceProfile.received_at.desc(), DeviceProfile.id.desc())
+    )
+
+
+def _add_profile_sample(
+    session: Session, device: Device, profile: CapabilityProfile, now: float
+) -> None:
+    session.add(DeviceProfile(device_id=device.id, profile=dict(profile), received_at=now))
+    session.flush()
+    beyond = _newest_first(device.id).offset(PROFILE_HISTORY_LIMIT)
+    stale = list(session.scalars(beyond))
+    if stale:
+        session.execute(delete(DeviceProfile).where(DeviceProfile.id.in_(stale)))
+
+
+def profile_history(
+    session: Session, device: Device, *, limit: int, offset: int = 0, since: float | None = None
+) -> list[DeviceProfile]:
+    """The device's stored profiles, newest first; ``since``: received at or after it."""
+    query = select(DeviceProfile).where(DeviceProfile.device_id == device.id)
+    if since is not None:
+        query = query.where(DeviceProfile.received_at >= since)
+    query = query.order_by(DeviceProfile.received_at.desc(), DeviceProfile.id.desc())
+    return list(session.scalars(query.offset(offset).limit(limit)))
+
+
+def devices_meeting(
+    session: Session, minimums: dict[str, float], *, limit: int, offset: int = 0
+) -> list[Device]:
+    """Devices, in enrolment order, whose latest profile reports at least ``minimums``.
+
+    ``minimums`` maps a numeric profile field to its least value; a device whose profile
+    lacks the field (or holds a non-number there) does not match. Filtered here rather
+    than in SQL: JSON operators differ between SQLite and PostgreSQL.
+    """
+
+    def meets(profile: dict[str, Any]) -> bool:
+        for field, least in minimums.items():
+            value = profile.get(field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < least:
+                return False
+        return True
+
+    matching = [d for d in list_devices(session) if meets(d.profile or {})]
+    return matching[offset : offset + limit]
 
 
 def create_job(session: Session, spec: JobSpec, now: float) -> Job:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from meshfl.codecs import parse_codec
-from meshfl.contract import JOB_TOPOLOGIES, DeviceDone, JobSpec, RoundMetrics
+from meshfl.contract import JOB_TOPOLOGIES, CapabilityProfile, DeviceDone, JobSpec, RoundMetrics
 from meshfl.errors import CodecSpecError, ConfigError
 from meshfl.topology import build_graph
 
@@ -16,6 +16,7 @@ __all__ = [
     "validate_done",
     "validate_metrics",
     "validate_name",
+    "validate_profile",
     "validate_spec",
 ]
 
@@ -159,3 +160,29 @@ def validate_done(done: DeviceDone) -> None:
     _number("final_accuracy", done["final_accuracy"], 0.0, 1.0)
     _number("bytes_sent", done["bytes_sent"], 0, _MAX_COUNT)
     _number("bytes_received", done["bytes_received"], 0, _MAX_COUNT)
+
+
+# Numeric profile fields and their upper bound (all must be finite and >= 0).
+_PROFILE_NUMBERS: tuple[tuple[str, float], ...] = (
+    ("cores", 1_000_000),
+    ("memory_bytes", _MAX_COUNT),
+    ("train_samples_per_s", 1e12),
+    ("uplink_bytes_per_s", 1e15),
+    ("downlink_bytes_per_s", 1e15),
+    ("broker_rtt_s", 86_400),
+    ("battery_percent", 100),
+    ("measured_at", 1e11),
+)
+
+
+def validate_profile(profile: CapabilityProfile) -> None:
+    """Refuse a capability profile with impossible numbers.
+
+    Every number present must be finite and non-negative (``battery_percent`` at most
+    100); ``None`` is accepted where the contract allows it (no battery). Raises
+    :class:`meshfl.errors.ConfigError` naming the first bad field.
+    """
+    for field, high in _PROFILE_NUMBERS:
+        value = profile.get(field)
+        if value is not None:
+            _number(f"profile.{field}", value, 0, high)  # type: ignore[arg-type]

@@ -14,7 +14,9 @@ method   path                                        auth     body → response
 POST     /devices/enrol                              token    EnrolRequest → EnrolResponse
 GET      /devices                                    admin    → list[DevicePublic]
 GET      /devices/{device_id}                        admin    → DevicePublic
+GET      /devices/profiles                           admin    → list[DevicePublic] (filters)
 PUT      /devices/{device_id}/profile                device   CapabilityProfile → DevicePublic
+GET      /devices/{device_id}/profiles               admin    → list[ProfileSample]
 GET      /devices/{device_id}/assignment             device   → Assignment (204: none)
 POST     /jobs                                       admin    JobSpec → JobPublic
 GET      /jobs                                       admin    → list[JobPublic]
@@ -29,6 +31,15 @@ POST     /jobs/{job_id}/decline                      device   DeviceDecline → 
 =======  ==========================================  =======  ======================
 
 ``GET /healthz`` needs no auth.
+
+``GET /devices/profiles`` is the fleet view: every device with its latest profile, in
+enrolment order, optionally only those whose profile reports at least ``min_cores``,
+``min_train_samples_per_s`` or ``min_uplink_bytes_per_s`` (a device that did not report
+the field does not match), paged by ``limit`` (1..1000, default 100) and ``offset``.
+``GET /devices/{device_id}/profiles`` is one device's profile history, newest first, paged
+the same way; ``since`` (unix seconds) keeps samples received at or after it. Every
+``PUT .../profile`` (and a profile sent at enrolment) appends a sample; the coordinator
+keeps the latest 1000 per device.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ __all__ = [
     "JobStatus",
     "ModelSpec",
     "Neighbour",
+    "ProfileSample",
     "RoundMetrics",
     "RoundSummary",
     "TopologyPublic",
@@ -67,7 +79,11 @@ JobStatus = Literal["created", "running", "completed", "stopped"]
 
 
 class CapabilityProfile(TypedDict, total=False):
-    """What a device measured about itself (all fields optional)."""
+    """What a device measured about itself (all fields optional).
+
+    The coordinator refuses (422) a number that is not finite or is negative, and a
+    ``battery_percent`` outside [0, 100]; ``None`` battery/charging: the device has none.
+    """
 
     cores: int
     memory_bytes: int
@@ -75,6 +91,19 @@ class CapabilityProfile(TypedDict, total=False):
     platform: str
     train_samples_per_s: float  # measured on the job's model and batch size
     model_hash: str
+    uplink_bytes_per_s: float  # measured through the broker
+    downlink_bytes_per_s: float  # measured through the broker
+    broker_rtt_s: float  # round trip to the broker, measured through the broker
+    battery_percent: float | None  # 0..100; None: no battery
+    charging: bool | None  # None: no battery
+    measured_at: float  # unix seconds, device clock
+
+
+class ProfileSample(TypedDict):
+    """One stored capability profile of a device (``GET /devices/{device_id}/profiles``)."""
+
+    profile: CapabilityProfile
+    received_at: float  # unix seconds, coordinator clock
 
 
 class EnrolRequest(TypedDict):

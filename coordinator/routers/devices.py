@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hmac
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from coordinator import lifecycle, reports, store, validation
 from coordinator.deps import AdminDep, NowDep, OwnDeviceDep, SessionDep, SettingsDep
@@ -14,6 +15,7 @@ from meshfl.contract import (
     DevicePublic,
     EnrolRequest,
     EnrolResponse,
+    ProfileSample,
 )
 
 __all__ = ["router"]
@@ -34,6 +36,7 @@ def enrol(
             "(MESHFL_COORDINATOR_ENROL_TOKEN)",
         )
     validation.validate_name(body["name"])
+    validation.validate_profile(body.get("profile", CapabilityProfile()))
     device, token = store.enrol_device(
         session,
         name=body["name"],
@@ -55,6 +58,38 @@ def list_devices(_: AdminDep, session: SessionDep) -> list[DevicePublic]:
     return [reports.device_public(d) for d in store.list_devices(session)]
 
 
+Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items (1..1000)")]
+Offset = Annotated[int, Query(ge=0, description="skip this many items first")]
+
+
+def _minimum(what: str) -> object:
+    return Query(ge=0, allow_inf_nan=False, description=f"only devices reporting {what} >= this")
+
+
+@router.get("/profiles", response_model=list[DevicePublic])
+def fleet_profiles(
+    _: AdminDep,
+    session: SessionDep,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    min_cores: Annotated[float | None, _minimum("cores")] = None,
+    min_train_samples_per_s: Annotated[float | None, _minimum("train_samples_per_s")] = None,
+    min_uplink_bytes_per_s: Annotated[float | None, _minimum("uplink_bytes_per_s")] = None,
+) -> list[DevicePublic]:
+    """The fleet's latest profiles, in enrolment order, optionally only capable devices.
+
+    A device whose profile lacks a filtered field does not match that filter.
+    """
+    given = {
+        "cores": min_cores,
+        "train_samples_per_s": min_train_samples_per_s,
+        "uplink_bytes_per_s": min_uplink_bytes_per_s,
+    }
+    minimums = {field: least for field, least in given.items() if least is not None}
+    found = store.devices_meeting(session, minimums, limit=limit, offset=offset)
+    return [reports.device_public(d) for d in found]
+
+
 @router.get("/{device_id}", response_model=DevicePublic)
 def get_device(device_id: str, _: AdminDep, session: SessionDep) -> DevicePublic:
     """One device."""
@@ -65,8 +100,27 @@ def get_device(device_id: str, _: AdminDep, session: SessionDep) -> DevicePublic
 def put_profile(
     body: CapabilityProfile, device: OwnDeviceDep, session: SessionDep, now: NowDep
 ) -> DevicePublic:
-    """Replace the device's capability profile (the device's own token only)."""
+    """Replace the device's capability profile and append it to its history (own token only)."""
+    validation.validate_profile(body)
     return reports.device_public(store.update_profile(session, device, body, now))
+
+
+@router.get("/{device_id}/profiles", response_model=list[ProfileSample])
+def get_profiles(
+    device_id: str,
+    _: AdminDep,
+    session: SessionDep,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    since: Annotated[
+        float | None,
+        Query(allow_inf_nan=False, description="only samples received at or after (unix s)"),
+    ] = None,
+) -> list[ProfileSample]:
+    """The device's profile history, newest first (the latest 1000 are kept)."""
+    device = store.get_device(session, device_id)
+    rows = store.profile_history(session, device, limit=limit, offset=offset, since=since)
+    return [reports.profile_sample(r) for r in rows]
 
 
 @router.get(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,8 @@ def test_healthz_and_openapi_list_every_contract_path(client: TestClient) -> Non
         f"{API}/devices",
         f"{API}/devices/{{device_id}}",
         f"{API}/devices/{{device_id}}/profile",
+        f"{API}/devices/{{device_id}}/profiles",
+        f"{API}/devices/profiles",
         f"{API}/devices/{{device_id}}/assignment",
         f"{API}/jobs",
         f"{API}/jobs/{{job_id}}",
@@ -210,6 +213,191 @@ def test_profile_update_and_device_lookup(client: TestClient, clock: FakeClock) 
     assert r.status_code == 200 and r.json()["profile"] == {"cores": 8, "platform": "arm64"}
     assert got["last_seen"] == 5_000.0 and got["enrolled_at"] < 5_000.0
     assert client.get(f"{API}/devices/dev-nope", headers=ADMIN_H).status_code == 404
+
+
+# --- capability profile history and the fleet view -----------------------------------------
+
+FULL_PROFILE = {
+    "cores": 4,
+    "memory_bytes": 4 * 2**30,
+    "accelerator": None,
+    "platform": "linux-aarch64",
+    "train_samples_per_s": 1200.5,
+    "model_hash": "abc",
+    "uplink_bytes_per_s": 125_000.0,
+    "downlink_bytes_per_s": 1_250_000.0,
+    "broker_rtt_s": 0.045,
+    "battery_percent": 87.5,
+    "charging": False,
+    "measured_at": 4_999.0,
+}
+
+
+def put_profile(
+    client: TestClient, clock: FakeClock, device: str, headers: dict[str, str], **profile: Any
+) -> None:
+    clock.now += 10.0
+    r = client.put(f"{API}/devices/{device}/profile", json=profile, headers=headers)
+    assert r.status_code == 200, r.text
+
+
+def test_the_new_profile_fields_round_trip(client: TestClient, clock: FakeClock) -> None:
+    a, a_h = enrol(client, clock, "a")
+    put_profile(client, clock, a, a_h, **FULL_PROFILE)
+    got = client.get(f"{API}/devices/{a}", headers=ADMIN_H).json()
+    history = client.get(f"{API}/devices/{a}/profiles", headers=ADMIN_H).json()
+    assert got["profile"] == FULL_PROFILE
+    assert history == [{"profile": FULL_PROFILE, "received_at": clock.now}]
+
+
+def test_profile_history_grows_newest_first_with_limit_offset_and_since(
+    client: TestClient, clock: FakeClock
+) -> None:
+    a, a_h = enrol(client, clock, "a")
+    b, b_h = enrol(client, clock, "b")
+    times = []
+    for k in range(5):
+        put_profile(client, clock, a, a_h, cores=k + 1)
+        times.append(clock.now)
+    put_profile(client, clock, b, b_h, cores=99)
+    url = f"{API}/devices/{a}/profiles"
+    history = client.get(url, headers=ADMIN_H).json()
+    assert [s["profile"]["cores"] for s in history] == [5, 4, 3, 2, 1]
+    assert [s["received_at"] for s in history] == times[::-1]
+    current = client.get(f"{API}/devices/{a}", headers=ADMIN_H).json()["profile"]
+    assert current == {"cores": 5}
+    page = client.get(url, params={"limit": 2, "offset": 1}, headers=ADMIN_H).json()
+    assert [s["profile"]["cores"] for s in page] == [4, 3]
+    recent = client.get(url, params={"since": times[2]}, headers=ADMIN_H).json()
+    assert [s["profile"]["cores"] for s in recent] == [5, 4, 3]
+    assert client.get(url, params={"since": clock.now + 1}, headers=ADMIN_H).json() == []
+    assert len(client.get(f"{API}/devices/{b}/profiles", headers=ADMIN_H).json()) == 1
+    for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}, {"since": "nan"}):
+        r = client.get(url, params=bad, headers=ADMIN_H)
+        assert r.status_code == 422 and "\n" not in r.json()["detail"], bad
+    missing = client.get(f"{API}/devices/dev-nope/profiles", headers=ADMIN_H)
+    assert missing.status_code == 404
+
+
+def test_a_profile_sent_at_enrolment_starts_the_history(client: TestClient) -> None:
+    r = client.post(
+        f"{API}/devices/enrol", json={"token": ENROL, "name": "pi", "profile": {"cores": 2}}
+    )
+    history = client.get(f"{API}/devices/{r.json()['device_id']}/profiles", headers=ADMIN_H)
+    assert [s["profile"] for s in history.json()] == [{"cores": 2}]
+    bare, _ = enrol(client, FakeClock(0.0), "bare")
+    assert client.get(f"{API}/devices/{bare}/profiles", headers=ADMIN_H).json() == []
+
+
+def test_profile_history_keeps_only_the_latest_samples(
+    client: TestClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator import store
+
+    monkeypatch.setattr(store, "PROFILE_HISTORY_LIMIT", 3)
+    a, a_h = enrol(client, clock, "a")
+    b, b_h = enrol(client, clock, "b")
+    put_profile(client, clock, b, b_h, cores=1)
+    for k in range(7):
+        put_profile(client, clock, a, a_h, cores=k)
+    history = client.get(f"{API}/devices/{a}/profiles", params={"limit": 1000}, headers=ADMIN_H)
+    assert [s["profile"]["cores"] for s in history.json()] == [6, 5, 4]
+    other = client.get(f"{API}/devices/{b}/profiles", headers=ADMIN_H).json()
+    assert [s["profile"]["cores"] for s in other] == [1]  # pruning is per device
+
+
+@pytest.mark.parametrize(
+    ("profile", "field"),
+    [
+        ({"cores": -1}, "cores"),
+        ({"memory_bytes": -5}, "memory_bytes"),
+        ({"train_samples_per_s": float("nan")}, "train_samples_per_s"),
+        ({"uplink_bytes_per_s": float("inf")}, "uplink_bytes_per_s"),
+        ({"downlink_bytes_per_s": -0.5}, "downlink_bytes_per_s"),
+        ({"broker_rtt_s": -0.001}, "broker_rtt_s"),
+        ({"battery_percent": 100.5}, "battery_percent"),
+        ({"battery_percent": -1}, "battery_percent"),
+        ({"measured_at": float("-inf")}, "measured_at"),
+        ({"charging": "maybe"}, "charging"),
+    ],
+)
+def test_impossible_profiles_are_refused(
+    client: TestClient, clock: FakeClock, profile: dict[str, Any], field: str
+) -> None:
+    a, a_h = enrol(client, clock, "a")
+    put_profile(client, clock, a, a_h, cores=4)
+    as_json = {**a_h, "Content-Type": "application/json"}  # NaN/Infinity as Python writes them
+    r = client.put(f"{API}/devices/{a}/profile", content=json.dumps(profile), headers=as_json)
+    assert r.status_code == 422, r.text
+    assert field in r.json()["detail"] and "\n" not in r.json()["detail"]
+    history = client.get(f"{API}/devices/{a}/profiles", headers=ADMIN_H).json()
+    assert [s["profile"] for s in history] == [{"cores": 4}]  # nothing stored
+    body = {"token": ENROL, "name": "b", "profile": profile}
+    plain = {"Content-Type": "application/json"}
+    enrolled = client.post(f"{API}/devices/enrol", content=json.dumps(body), headers=plain)
+    assert enrolled.status_code == 422 and field in enrolled.json()["detail"]
+    assert len(client.get(f"{API}/devices", headers=ADMIN_H).json()) == 1
+
+
+def test_no_battery_is_accepted_and_unknown_fields_are_dropped(
+    client: TestClient, clock: FakeClock
+) -> None:
+    a, a_h = enrol(client, clock, "a")
+    put_profile(client, clock, a, a_h, battery_percent=None, charging=None, battery_rtt=1)
+    profile = client.get(f"{API}/devices/{a}", headers=ADMIN_H).json()["profile"]
+    assert profile == {"battery_percent": None, "charging": None}
+
+
+def test_profile_auth_device_writes_its_own_admin_reads(
+    client: TestClient, clock: FakeClock
+) -> None:
+    a, a_h = enrol(client, clock, "a")
+    b, _ = enrol(client, clock, "b")
+    assert client.put(f"{API}/devices/{b}/profile", json={}, headers=a_h).status_code == 403
+    assert client.put(f"{API}/devices/{a}/profile", json={}, headers=ADMIN_H).status_code == 403
+    assert client.put(f"{API}/devices/{a}/profile", json={}).status_code == 401
+    for url in (f"{API}/devices/{a}/profiles", f"{API}/devices/profiles"):
+        assert client.get(url).status_code == 401
+        assert client.get(url, headers=a_h).status_code == 403
+        assert client.get(url, headers=ADMIN_H).status_code == 200
+
+
+def test_fleet_view_lists_latest_profiles_with_filters_and_paging(
+    client: TestClient, clock: FakeClock
+) -> None:
+    pi, pi_h = enrol(client, clock, "pi")
+    jetson, jetson_h = enrol(client, clock, "jetson")
+    quiet, _ = enrol(client, clock, "quiet")  # never reported a profile
+    put_profile(client, clock, pi, pi_h, cores=2, uplink_bytes_per_s=1e5)
+    put_profile(client, clock, pi, pi_h, cores=4, train_samples_per_s=300.0, uplink_bytes_per_s=1e5)
+    put_profile(
+        client, clock, jetson, jetson_h, cores=8, train_samples_per_s=5000.0, uplink_bytes_per_s=1e7
+    )
+    url = f"{API}/devices/profiles"
+
+    def names(**params: Any) -> list[str]:
+        r = client.get(url, params=params, headers=ADMIN_H)
+        assert r.status_code == 200, r.text
+        return [d["name"] for d in r.json()]
+
+    fleet = client.get(url, headers=ADMIN_H).json()
+    assert [(d["device_id"], d["name"]) for d in fleet] == [
+        (pi, "pi"), (jetson, "jetson"), (quiet, "quiet")
+    ]  # fmt: skip
+    assert fleet[0]["profile"] == {
+        "cores": 4,
+        "train_samples_per_s": 300.0,
+        "uplink_bytes_per_s": 1e5,
+    }
+    assert names(min_cores=4) == ["pi", "jetson"]
+    assert names(min_cores=5) == ["jetson"]
+    assert names(min_train_samples_per_s=1000) == ["jetson"]
+    assert names(min_uplink_bytes_per_s=1e5, min_cores=8) == ["jetson"]
+    assert names(min_uplink_bytes_per_s=0) == ["pi", "jetson"]  # "quiet" reported none
+    assert names(limit=1, offset=1) == ["jetson"]
+    assert names(min_cores=1, offset=1) == ["jetson"]
+    for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}, {"min_cores": -1}):
+        assert client.get(url, params=bad, headers=ADMIN_H).status_code == 422, bad
 
 
 # --- job validation ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from coordinator import CoordinatorSettings, create_app
+from coordinator import CoordinatorSettings, create_app, store
 from coordinator.db import Base, make_engine
 from coordinator.migrate import upgrade
 from coordinator.reports import sketch_distance
@@ -37,7 +37,33 @@ def test_migrated_sqlite_schema_matches_the_orm(tmp_path: Path) -> None:
     tables = set(sa.inspect(engine).get_table_names())
     engine.dispose()
     assert diff == []
-    assert {"devices", "jobs", "job_devices", "round_metrics", "alembic_version"} == tables
+    assert {
+        "devices",
+        "device_profiles",
+        "jobs",
+        "job_devices",
+        "round_metrics",
+        "alembic_version",
+    } == tables
+
+
+def test_a_0001_store_upgrades_to_profile_history_keeping_its_devices(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    upgrade(engine, "0001")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO devices (id, name, fleet, token_hash, profile, enrolled_at, last_seen)"
+                " VALUES ('dev-1', 'pi', 'lab', 'x', '{\"cores\": 4}', 1.0, 2.0)"
+            )
+        )
+    upgrade(engine)
+    diff = schema_diff(engine)
+    with engine.connect() as conn:
+        names = list(conn.execute(sa.text("SELECT name FROM devices")).scalars())
+        samples = conn.execute(sa.text("SELECT count(*) FROM device_profiles")).scalar_one()
+    engine.dispose()
+    assert diff == [] and names == ["pi"] and samples == 0
 
 
 def test_in_memory_sqlite_works_for_a_whole_app() -> None:
@@ -67,8 +93,9 @@ def _postgres_or_skip() -> None:
         engine.dispose()
 
 
-def test_postgresql_migrates_and_runs_a_job() -> None:
+def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     _postgres_or_skip()
+    monkeypatch.setattr(store, "PROFILE_HISTORY_LIMIT", 2)
     schema = f"meshfl_test_{secrets.token_hex(4)}"
     admin = make_engine(PG_URL)
     with admin.begin() as conn:
@@ -126,6 +153,18 @@ def test_postgresql_migrates_and_runs_a_job() -> None:
                     "model_path": "m",
                 }
                 client.post(f"/api/v1/jobs/{job_id}/done", json=done, headers=h)
+            first = devices[0]
+            own = {"Authorization": f"Bearer {first['device_token']}"}
+            for cores in (1, 2, 3):
+                client.put(
+                    f"/api/v1/devices/{first['device_id']}/profile",
+                    json={"cores": cores, "battery_percent": None},
+                    headers=own,
+                )
+            history = client.get(
+                f"/api/v1/devices/{first['device_id']}/profiles", headers=auth
+            ).json()
+            fleet = client.get("/api/v1/devices/profiles?min_cores=3", headers=auth).json()
             job = client.get(f"/api/v1/jobs/{job_id}", headers=auth).json()
             rounds = client.get(f"/api/v1/jobs/{job_id}/rounds", headers=auth).json()
     finally:
@@ -135,3 +174,5 @@ def test_postgresql_migrates_and_runs_a_job() -> None:
     assert diff == []
     assert job["status"] == "completed"
     assert [r["devices_reporting"] for r in rounds] == [3]
+    assert [h["profile"]["cores"] for h in history] == [3, 2]  # pruned to the latest 2
+    assert [d["device_id"] for d in fleet] == [first["device_id"]]
