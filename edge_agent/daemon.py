@@ -41,7 +41,10 @@ class AgentConfig:
     overrides the job's test file; ``out`` is where final models are written;
     ``once`` exits after one job; ``poll_s`` is the assignment polling period (seconds);
     ``start_retry_s`` / ``run_retry_s`` how long (seconds) an unreachable coordinator is
-    retried before enrolment / after it.
+    retried before enrolment / after it; ``profile_refresh_s`` how often (seconds, at
+    least 60; 0 disables) a running job re-measures the link and battery between rounds
+    and PUTs the profile again. The enrolment profile carries the battery figures; the
+    link figures need the broker and are measured at each job's start.
     """
 
     coordinator: str
@@ -57,6 +60,7 @@ class AgentConfig:
     start_retry_s: float = 10.0
     run_retry_s: float = 120.0
     threads: int = 1
+    profile_refresh_s: float = 300.0
 
 
 def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:

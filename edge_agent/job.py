@@ -15,7 +15,7 @@ from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
 from meshfl.codecs import CodecPolicy, parse_codec
-from meshfl.contract import Assignment, RoundMetrics
+from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
 from meshfl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["JobRunner"]
 
 log = logging.getLogger("meshfl.agent.job")
+
+_MIN_REFRESH_S = 60.0
+"""The capability profile is re-measured (link, battery) at most this often while running."""
 
 
 class JobRunner:
@@ -64,7 +67,12 @@ class JobRunner:
             local_epochs=spec["local_epochs"],
             threads=self.config.threads,
         )
-        self.client.put_profile(self.device_id, capability_profile(trainer, x, y))
+        # Measured before the engine starts: the link probe borrows the transport's handler.
+        profile = capability_profile(trainer, x, y)
+        profile.update(self._measure_link())
+        self.client.put_profile(self.device_id, profile)
+        refresh_s = self.config.profile_refresh_s
+        measured = time.monotonic()
         engine = GossipEngine(
             transport=self.transport,
             fleet=self.assignment["fleet"],
@@ -108,6 +116,16 @@ class JobRunner:
             sent, received = now_sent, now_received
             self.client.post_metrics(self.job_id, metrics)
             log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
+            if (
+                refresh_s > 0
+                and round_ < spec["rounds"]
+                and time.monotonic() - measured >= max(_MIN_REFRESH_S, refresh_s)
+            ):
+                # Between rounds only; the probe forwards neighbours' early deltas to the
+                # engine's handler, so nothing of the next round is lost.
+                profile = self._refresh_profile(profile)
+                self.client.put_profile(self.device_id, profile)
+                measured = time.monotonic()
             if round_ < spec["rounds"] and self._stopped():
                 log.info("job %s was stopped by the coordinator", self.job_id)
                 break
@@ -126,6 +144,30 @@ class JobRunner:
         )
         if engine.stats.rejected:
             log.warning("rejected %d malformed messages", engine.stats.rejected)
+
+    def _measure_link(self) -> CapabilityProfile:
+        from edge_agent.netprobe import measure_link
+
+        link = measure_link(self.transport, self.assignment["fleet"], self.device_id)
+        log.info(
+            "link to the broker: rtt %s s, %s bytes/s (min of up and down)",
+            _fmt(link.broker_rtt_s),
+            _fmt(link.uplink_bytes_per_s),
+        )
+        return link.profile_fields()
+
+    def _refresh_profile(self, profile: CapabilityProfile) -> CapabilityProfile:
+        """Re-measure what changes while running (link, battery); keep the rest."""
+        from edge_agent.probe import battery_status
+
+        fresh = profile.copy()
+        fresh.pop("broker_rtt_s", None)  # a figure not measured again is not kept stale
+        fresh.pop("uplink_bytes_per_s", None)
+        fresh.pop("downlink_bytes_per_s", None)
+        fresh.update(self._measure_link())
+        fresh["battery_percent"], fresh["charging"] = battery_status()
+        fresh["measured_at"] = time.time()
+        return fresh
 
     def _algorithm(self, params: dict[str, np.ndarray]) -> GossipAlgorithm:
         weights = {n["device_id"]: n["weight"] for n in self.assignment["neighbours"]}
@@ -180,3 +222,7 @@ class JobRunner:
         return current is None or (
             current["job_id"] == self.job_id and current["status"] == "stopped"
         )
+
+
+def _fmt(value: float | None) -> str:
+    return "unmeasured" if value is None else f"{value:.3g}"

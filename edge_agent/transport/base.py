@@ -123,9 +123,19 @@ class Transport(ABC):
     def reconnects(self) -> int:
         """How many times the connection came back after being lost."""
 
-    def set_handler(self, handler: Handler) -> None:
-        """Set the function called as ``handler(topic, payload)`` for every delivered message."""
+    def set_handler(self, handler: Handler | None) -> None:
+        """Set the function called as ``handler(topic, payload)`` for every delivered message.
+
+        None drops deliveries (they are still counted). A component that borrows the
+        transport for a while (the link probe) reads :attr:`handler`, installs its own
+        and puts the previous one back.
+        """
         self._handler = handler
+
+    @property
+    def handler(self) -> Handler | None:
+        """The handler set by :meth:`set_handler`, or None."""
+        return self._handler
 
     @property
     def bytes_sent(self) -> int:

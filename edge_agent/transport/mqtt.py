@@ -19,7 +19,9 @@ Connection policy (see ``docs/brokers.md``):
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
 import threading
 import time
 from typing import Any
@@ -56,6 +58,18 @@ def parse_broker_url(url: str) -> tuple[str, int]:
             f"bad broker URL {url!r}; use mqtt://HOST:PORT or HOST:PORT (e.g. mqtt://127.0.0.1:1883)"
         )
     return parts.hostname, port
+
+
+def _no_delay(client: paho.Client) -> None:
+    """Turn Nagle's algorithm off on the client's socket.
+
+    Small QoS 1 messages otherwise wait ~40 ms each for the peer's delayed ACK (measured
+    on loopback: RTT 44 ms with Nagle, 0.1-0.3 ms without).
+    """
+    sock = client.socket()
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _error_text(rc: MQTTErrorCode | int) -> str:
@@ -282,6 +296,7 @@ class MqttTransport(Transport):
     def _on_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
     ) -> None:
+        _no_delay(client)
         if reason.is_failure:
             error = TransportError(
                 f"MQTT broker at {self._where} refused the connection: {reason}; "

@@ -28,6 +28,7 @@ from meshfl.wire.topics import (
     delta_topic,
     inbox_topic,
     parse_topic,
+    probe_topic,
     status_topic,
     validate_id,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "new_message_id",
     "pack_message",
     "parse_topic",
+    "probe_topic",
     "split_message",
     "status_topic",
     "validate_id",

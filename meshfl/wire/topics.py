@@ -5,11 +5,14 @@
     meshfl/v1/{fleet}/node/{device}/delta      a device's deltas, fanned out by the broker
     meshfl/v1/{fleet}/node/{device}/status     retained liveness (and Last Will "offline")
     meshfl/v1/{fleet}/node/{dst}/inbox/{src}   per-edge messages from src to dst
+    meshfl/v1/{fleet}/node/{device}/probe      a device's link probe, looped back to itself
     meshfl/v1/{fleet}/control                  coordinator → agents
 
 Every id is ``[A-Za-z0-9_.-]{1,64}``, so it can never contain the topic separator ``/``
 or the wildcards ``+`` and ``#``: a device may be granted exactly the topics that carry
-its own id (``.../node/{id}/...`` for delta and status, ``.../inbox/{id}`` as src).
+its own id (``.../node/{id}/...`` for delta, status and probe, ``.../inbox/{id}`` as
+src). The probe topic is written and read by its own device only: the agent measures its
+round trip and throughput to the broker *through* the broker by publishing there.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "delta_topic",
     "inbox_topic",
     "parse_topic",
+    "probe_topic",
     "status_topic",
     "validate_id",
 ]
@@ -35,9 +39,10 @@ __all__ = [
 TOPIC_ROOT = "meshfl/v1"
 """Prefix of every wire v1 topic."""
 
-TopicKind = Literal["delta", "status", "inbox", "control"]
+TopicKind = Literal["delta", "status", "probe", "inbox", "control"]
 _ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _VERSION = re.compile(r"v[0-9]+")
+_NODE_KINDS: dict[str, TopicKind] = {"delta": "delta", "status": "status", "probe": "probe"}
 
 
 def validate_id(value: str, what: str = "device id") -> str:
@@ -71,6 +76,11 @@ def delta_topic(fleet: str, device: str) -> str:
 def status_topic(fleet: str, device: str) -> str:
     """Return ``meshfl/v1/{fleet}/node/{device}/status``; raises ConfigError on a bad id."""
     return f"{_node(fleet, device)}/status"
+
+
+def probe_topic(fleet: str, device: str) -> str:
+    """Return ``meshfl/v1/{fleet}/node/{device}/probe``; raises ConfigError on a bad id."""
+    return f"{_node(fleet, device)}/probe"
 
 
 def inbox_topic(fleet: str, dst: str, src: str) -> str:
@@ -110,7 +120,7 @@ def parse_topic(topic: str) -> TopicInfo:
     VersionError
         For a ``meshfl/vN/...`` topic with N other than 1.
     WireError
-        For anything else that is not one of the four topic forms with valid ids.
+        For anything else that is not one of the five topic forms with valid ids.
 
     """
     if not isinstance(topic, str):
@@ -130,9 +140,8 @@ def parse_topic(topic: str) -> TopicInfo:
     fleet, rest = parts[2], parts[3:]
     if rest == ["control"]:
         return TopicInfo(fleet, None, "control")
-    if len(rest) == 3 and rest[0] == "node" and rest[2] in ("delta", "status"):
-        kind: TopicKind = "delta" if rest[2] == "delta" else "status"
-        return TopicInfo(fleet, rest[1], kind)
+    if len(rest) == 3 and rest[0] == "node" and rest[2] in _NODE_KINDS:
+        return TopicInfo(fleet, rest[1], _NODE_KINDS[rest[2]])
     if len(rest) == 4 and rest[0] == "node" and rest[2] == "inbox":
         return TopicInfo(fleet, rest[1], "inbox", rest[3])
     raise WireError(f"unknown meshfl v1 topic form: {topic!r}")
