@@ -147,7 +147,7 @@ class JobSpec(TypedDict):
     """Everything a device needs to run its part of a job.
 
     ``codec`` is a codec spec string (``identity``, ``topk:0.1``); ``topology`` one of
-    ``ring``, ``complete``, ``star``, ``exponential``; ``consensus_step`` is CHOCO-SGD's
+    one of :data:`JOB_TOPOLOGIES`; ``consensus_step`` is CHOCO-SGD's
     γ (ignored by D-PSGD); ``devices`` is how many enrolled devices the job needs (0: all
     enrolled devices at start); ``test_data`` is a path each device resolves locally
     (``None``: the device evaluates on the ``x_test``/``y_test`` arrays of its own file);
