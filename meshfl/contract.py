@@ -146,10 +146,10 @@ class ModelSpec(TypedDict):
 class JobSpec(TypedDict):
     """Everything a device needs to run its part of a job.
 
-    ``codec`` is a codec spec string (``identity``, ``topk:0.1``); ``topology`` one of
+    ``codec`` is a codec spec string (``identity``, ``topk:0.1``); ``topology`` is
     one of :data:`JOB_TOPOLOGIES`; ``consensus_step`` is CHOCO-SGD's
-    γ (ignored by D-PSGD); ``devices`` is how many enrolled devices the job needs (0: all
-    enrolled devices at start); ``test_data`` is a path each device resolves locally
+    γ (ignored by D-PSGD); ``devices`` is how many live, idle devices the job needs (0: all
+    of them at start); ``test_data`` is a path each device resolves locally
     (``None``: the device evaluates on the ``x_test``/``y_test`` arrays of its own file);
     ``sketch_dim`` is the size of the count sketch used to estimate consensus distance
     (0 disables it); ``keyframe_growth`` makes a CHOCO-SGD message a lossless
