@@ -132,8 +132,13 @@ def validate_name(name: str) -> None:
 
 
 def _number(field: str, value: float, low: float, high: float) -> None:
-    if isinstance(value, bool) or not (math.isfinite(value) and low <= value <= high):
-        raise ConfigError(f"{field} = {value!r} is invalid; it must be in [{low:g}, {high:g}]")
+    try:
+        ok = not isinstance(value, bool) and math.isfinite(value) and low <= value <= high
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ConfigError(f"{field} = {shown} is invalid; it must be in [{low:g}, {high:g}]")
 
 
 def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
@@ -186,3 +191,11 @@ def validate_profile(profile: CapabilityProfile) -> None:
         value = profile.get(field)
         if value is not None:
             _number(f"profile.{field}", value, 0, high)  # type: ignore[arg-type]
+    for field in ("platform", "model_hash", "accelerator"):
+        text = profile.get(field)
+        if isinstance(text, str) and (
+            len(text) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in text)
+        ):
+            raise ConfigError(
+                f"profile.{field} is invalid; at most 256 printable characters, got {text[:40]!r}"
+            )

@@ -59,7 +59,7 @@ def list_devices(_: AdminDep, session: SessionDep) -> list[DevicePublic]:
 
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items (1..1000)")]
-Offset = Annotated[int, Query(ge=0, description="skip this many items first")]
+Offset = Annotated[int, Query(ge=0, le=2**31, description="skip this many items first")]
 
 
 def _minimum(what: str) -> object:

@@ -674,5 +674,7 @@ def build_graph(
     if kind == "erdos-renyi":
         return erdos_renyi(n, probability, seed)
     if kind == "small-world":
-        return small_world(n, degree, probability, seed)
+        # A small fleet cannot hold the default lattice degree: use the largest even k < n.
+        k = min(degree, (n - 1) // 2 * 2)
+        return small_world(n, k if k >= 2 else degree, probability, seed)
     return {"ring": ring, "complete": complete, "star": star, "exponential": exponential}[kind](n)

@@ -749,3 +749,19 @@ def test_rounds_a_device_spent_without_any_neighbour_are_named(
 
     mine = next(d for d in job["devices"] if d["device_id"] == d0)
     assert mine["isolated_rounds"] == [1]
+
+
+def test_absurd_profiles_and_offsets_are_refused_not_crashed_on(
+    client: TestClient, clock: FakeClock
+) -> None:
+    device, headers = enrol(client, clock, "pi-odd")
+    url = f"{API}/devices/{device}/profile"
+
+    huge = client.put(url, json={"cores": 10**400}, headers=headers)
+    long_text = client.put(url, json={"platform": "A" * 500}, headers=headers)
+    control = client.put(url, json={"model_hash": "\u0000x"}, headers=headers)
+    offset = client.get(f"{API}/devices/{device}/profiles?offset={2**63}", headers=ADMIN_H)
+
+    assert [huge.status_code, long_text.status_code, control.status_code] == [422, 422, 422]
+    assert offset.status_code == 422
+    assert "profile.cores" in huge.json()["detail"]
