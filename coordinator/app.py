@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from coordinator import migrate
+from coordinator.control import Control, Publish
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.errors import Conflict, Forbidden, NotFound
 from coordinator.routers import devices, health, jobs
@@ -101,13 +102,23 @@ async def _too_large(send: Any, max_bytes: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(settings: CoordinatorSettings, *, clock: Callable[[], float] = time.time) -> FastAPI:
+def create_app(
+    settings: CoordinatorSettings,
+    publish: Publish | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> FastAPI:
     """Build the coordinator's FastAPI app.
 
     Parameters
     ----------
     settings : CoordinatorSettings
         Must carry ``enrol_token`` and ``admin_token`` (``serve()`` fills missing ones).
+    publish : callable, optional
+        ``publish(topic, payload)`` sends one retained QoS 1 MQTT message; each new
+        topology version and each end of a job is published on the fleet's control topic
+        (:mod:`coordinator.control`). ``None`` (default): no push; agents poll REST.
+        Its failures are logged, never raised to a request.
     clock : callable, optional
         Returns the current time in unix seconds; default :func:`time.time`. Tests pass
         a fake clock to move time (stale-device rule, elapsed times).
@@ -150,6 +161,7 @@ def create_app(settings: CoordinatorSettings, *, clock: Callable[[], float] = ti
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.clock = clock
+    app.state.control = Control(fleet=settings.fleet, publish=publish)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_exception_handler(MeshflError, _meshfl_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -82,12 +82,22 @@ class Job(Base):
     created_at: Mapped[float] = mapped_column(Double)
     started_at: Mapped[float | None] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double)
-    # {"kind", "devices": [ids by index], "edges": [[i, j]], "W": [[...]], "gap"}
+    # The current version: {"kind", "params", "devices": [ids by position], "edges":
+    # [[i, j]], "W": [[...]], "gap", "version", "from_round", "events", "plan", "sit_out"}
+    # (coordinator.planning documents it; rows from before topology versions lack the
+    # last five keys and read as version 1).
     topology: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class JobDevice(Base):
-    """A device's participation in a job: its index in W, and whether it is done."""
+    """A device's participation in a job: its stable index, rounds, and whether it is done.
+
+    ``index`` never changes (agents seed their data shuffles with it); the device's
+    position in the current W is its place in ``jobs.topology["devices"]``.
+    ``joined_round`` is the first round it runs (1, or later for a device that joined a
+    running job); ``left_round`` the first round it no longer takes part in (``None``:
+    it stayed). ``last_activity`` is when it last reported or asked for its assignment.
+    """
 
     __tablename__ = "job_devices"
 
@@ -97,6 +107,8 @@ class JobDevice(Base):
     done: Mapped[bool] = mapped_column(Boolean, default=False)
     final: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the DeviceDone body
     last_activity: Mapped[float] = mapped_column(Double)
+    joined_round: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    left_round: Mapped[int | None] = mapped_column(Integer)
 
 
 class RoundMetric(Base):

@@ -18,16 +18,19 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from coordinator import store
+from coordinator.control import Control
 from coordinator.db import Device
 from coordinator.settings import CoordinatorSettings
 
 __all__ = [
     "AdminDep",
+    "ControlDep",
     "DeviceDep",
     "NowDep",
     "OwnDeviceDep",
     "SessionDep",
     "SettingsDep",
+    "get_control",
     "get_now",
     "get_session",
     "get_settings",
@@ -54,7 +57,14 @@ def get_now(request: Request) -> float:
     return now
 
 
+def get_control(request: Request) -> Control:
+    """Return the app's :class:`~coordinator.control.Control` (lock and publisher)."""
+    control: Control = request.app.state.control
+    return control
+
+
 SettingsDep = Annotated[CoordinatorSettings, Depends(get_settings)]
+ControlDep = Annotated[Control, Depends(get_control)]
 SessionDep = Annotated[Session, Depends(get_session)]
 NowDep = Annotated[float, Depends(get_now)]
 

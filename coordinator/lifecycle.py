@@ -1,11 +1,13 @@
-"""Job lifecycle: start (plan the topology), completion rules, stop, assignments.
+"""Job lifecycle: start (plan the topology), churn, completion rules, stop, assignments.
 
 Status moves ``created → running → completed | stopped`` (``created → stopped`` too).
-A running job *completes* when every participant reported done, or when at least one
-did and every other participant has been silent (no metrics, no done) for more than
-``stale_after_s`` seconds: those are declared lost and show their ``missing_rounds``.
-The rule is evaluated whenever a job is read (:func:`refresh_status`), so no background
-task is needed.
+A running job *completes* when every participant is done (finished, declined or left),
+or when at least one finished and every other participant has been silent (no metrics,
+no done, no assignment poll) for more than ``stale_after_s`` seconds: those are declared
+lost and show their ``missing_rounds``. Departures (:func:`coordinator.churn.departures`)
+and these rules are evaluated whenever a job is read or a device reports
+(:func:`refresh_status`), so no background task is needed. Every new topology version
+and every end of a job is announced on the control topic (:mod:`coordinator.control`).
 """
 
 from __future__ import annotations
@@ -13,66 +15,101 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator import store
+from coordinator import churn, planning, store
+from coordinator.control import Control
 from coordinator.db import Device, Job, JobDevice
 from coordinator.errors import Conflict
-from meshfl.contract import DeviceDone
+from coordinator.settings import CoordinatorSettings
+from meshfl.contract import DeviceDone, JobSpec, TopologyEvent
 from meshfl.errors import ConfigError, TopologyError
-from meshfl.topology import build_graph, metropolis_hastings, spectral_gap
 
-__all__ = ["current_assignment", "mark_done", "refresh_status", "start_job", "stop_job"]
+__all__ = [
+    "admit",
+    "current_assignment",
+    "leave_on_battery",
+    "mark_declined",
+    "mark_done",
+    "refresh_status",
+    "start_job",
+    "stop_job",
+]
 
 
-def start_job(session: Session, job: Job, now: float, stale_after_s: float = 120.0) -> Job:
-    """Pick the participants, build the graph and mixing matrix W, and run the job.
+def start_job(
+    session: Session,
+    job: Job,
+    now: float,
+    settings: CoordinatorSettings,
+    control: Control | None = None,
+) -> Job:
+    """Pick the participants, plan the graph, the mixing matrix W and the work; run the job.
 
-    Participants are the first ``spec.devices`` live devices (heard from within
-    ``stale_after_s`` seconds: an idle agent polls for work twice a second) that are not
-    busy in another running job, by enrolment time
-    (``0``: all of them); ordered by name (then id), device ``k`` gets index ``k`` in W,
-    so the same names give the same graph whatever order the devices enrolled in. W is the
-    Metropolis–Hastings matrix of ``build_graph(spec.topology, n)``; the topology
-    stored is ``{kind, devices, edges, W, gap}`` with gap ``1 − |λ₂(W)|``.
+    Candidates are the live devices (heard from within ``settings.live_within_s``
+    seconds: an idle agent polls for work twice a second) not busy in another running
+    job, by enrolment time. With ``spec.min_battery_percent`` > 0 those below it and not
+    charging sit out (recorded in the topology's ``sit_out`` and the start event). The
+    first ``spec.devices`` of the rest take part (``0``: all of them; a custom graph's
+    ``n``); ordered by name (then id), device ``k`` gets index and position ``k``, so the
+    same names give the same graph whatever order the devices enrolled in. The graph, W,
+    plans and version 1 are stored as :mod:`coordinator.planning` describes.
 
     Raises
     ------
     Conflict
-        The job was already started, fewer devices are enrolled than it needs, or the
-        topology cannot be built for that many devices.
+        The job was already started, fewer eligible devices are live than it needs, or
+        the topology cannot be built for that many devices.
 
     """
     if job.status != "created":
         raise Conflict(f"job {job.id!r} is already {job.status}; create a new job to run again")
-    wanted = int(job.spec["devices"])
+    spec: JobSpec = job.spec  # type: ignore[assignment]
+    wanted = int(spec["devices"]) or (spec["custom_graph"]["n"] if "custom_graph" in spec else 0)
     busy = store.busy_device_ids(session)
-    enrolled = [
+    live = [
         d
         for d in store.list_devices(session)
-        if now - d.last_seen <= stale_after_s and d.id not in busy
+        if now - d.last_seen <= settings.live_within_s and d.id not in busy
     ]
-    if not enrolled or len(enrolled) < wanted:
+    sit_out = planning.battery_reasons(live, float(spec.get("min_battery_percent", 0.0)))
+    eligible = [d for d in live if d.id not in sit_out]
+    if not eligible or len(eligible) < wanted:
+        low = f" ({len(sit_out)} more sit out, low on battery)" if sit_out else ""
         raise Conflict(
             f"job {job.id!r} needs {wanted or 'at least 1'} device(s) but "
-            f"{len(enrolled)} live, idle device(s) are enrolled; start more agents or"
+            f"{len(eligible)} live, idle device(s) are enrolled{low}; start more agents or"
             " create a job with fewer devices"
         )
-    chosen = sorted(enrolled[:wanted] if wanted else enrolled, key=lambda d: (d.name, d.id))
-    kind = job.spec["topology"]
+    chosen = sorted(eligible[:wanted] if wanted else eligible, key=lambda d: (d.name, d.id))
+    kind = spec["topology"]
     try:
-        graph = build_graph(kind, len(chosen))
-        w = metropolis_hastings(graph)
-        gap = float(spectral_gap(w))
+        graph = planning.graph_for(spec, planning.base_graph(spec, len(chosen)), chosen)
+        if not graph.is_connected():
+            raise TopologyError("the graph is disconnected")
+        w, gap = planning.mixing(graph, spec)
     except (ConfigError, TopologyError) as exc:
         raise Conflict(
             f"cannot build topology {kind!r} for {len(chosen)} devices ({exc}); "
             "change spec.devices or spec.topology"
         ) from exc
+    reason = f"started on {len(chosen)} devices" + "".join(
+        f"; {device_id} sat out: {why}" for device_id, why in sit_out.items()
+    )
     job.topology = {
         "kind": kind,
+        "params": planning.topology_params(spec),
         "devices": [d.id for d in chosen],
-        "edges": sorted([int(i), int(j)] for i, j in graph.edges),
-        "W": [[float(x) for x in row] for row in w],
+        "edges": planning.edge_list(graph),
+        "W": w,
         "gap": gap,
+        "version": 1,
+        "from_round": 1,
+        "events": [
+            TopologyEvent(
+                version=1, from_round=1, kind="start", device_id=None, reason=reason, at=now
+            )
+        ],
+        "plan": planning.device_plans(spec, chosen),
+        "sit_out": sit_out,
     }
     for index, device in enumerate(chosen):
         session.add(
@@ -83,40 +120,65 @@ def start_job(session: Session, job: Job, now: float, stale_after_s: float = 120
                 done=False,
                 final=None,
                 last_activity=now,
+                joined_round=1,
             )
         )
     job.status, job.started_at = "running", now
     session.commit()
+    if control is not None:
+        control.announce(job)
     return job
 
 
-def stop_job(session: Session, job: Job, now: float) -> Job:
+def _end(session: Session, job: Job, status: str, at: float, control: Control | None) -> None:
+    job.status, job.finished_at = status, at
+    session.commit()
+    if control is not None:
+        control.announce(job)
+
+
+def stop_job(session: Session, job: Job, now: float, control: Control | None = None) -> Job:
     """Stop a created or running job; raises :class:`Conflict` once it has ended."""
     if job.status not in ("created", "running"):
         raise Conflict(f"job {job.id!r} is already {job.status}; nothing to stop")
-    job.status, job.finished_at = "stopped", now
-    session.commit()
+    _end(session, job, "stopped", now, control)
     return job
 
 
-def refresh_status(session: Session, job: Job, now: float, stale_after_s: float) -> Job:
-    """Apply the completion rules to a running job and persist the result."""
+def refresh_status(
+    session: Session,
+    job: Job,
+    now: float,
+    settings: CoordinatorSettings,
+    control: Control | None = None,
+) -> Job:
+    """Apply the departure and completion rules to a running job and persist the result."""
     if job.status != "running":
         return job
+    leaving = churn.departures(session, job, now, settings)
+    if leaving:
+        churn.replan(session, job, now, remove=leaving, control=control)
+        if job.status != "running":
+            return job
     rows = store.participants(session, job)
-    done = [r for r in rows if r.done]
-    if not done:
+    if rows and all(r.done for r in rows):
+        _end(session, job, "completed", now, control)
         return job
+    finished = [r for r in rows if r.done and r.left_round is None]
     pending = [r for r in rows if not r.done]
-    if all(now - r.last_activity > stale_after_s for r in pending):
-        job.status = "completed"
-        job.finished_at = max(r.last_activity for r in done) if not pending else now
-        session.commit()
+    if finished and all(now - r.last_activity > settings.stale_after_s for r in pending):
+        _end(session, job, "completed", now, control)
     return job
 
 
 def mark_done(
-    session: Session, job: Job, row: JobDevice, device: Device, body: DeviceDone, now: float
+    session: Session,
+    job: Job,
+    row: JobDevice,
+    device: Device,
+    body: DeviceDone,
+    now: float,
+    control: Control | None = None,
 ) -> None:
     """Record that a participant finished or declined (the first report wins)."""
     if not row.done:
@@ -125,27 +187,37 @@ def mark_done(
     device.last_seen = now
     session.commit()
     if job.status == "running" and all(r.done for r in store.participants(session, job)):
-        job.status, job.finished_at = "completed", now
-        session.commit()
+        _end(session, job, "completed", now, control)
 
 
 def mark_declined(
-    session: Session, job: Job, row: JobDevice, device: Device, reason: str, now: float
+    session: Session,
+    job: Job,
+    row: JobDevice,
+    device: Device,
+    reason: str,
+    now: float,
+    control: Control | None = None,
 ) -> None:
     """Record that a participant cannot take part; it counts as done, with its reason."""
     if not row.done:
         row.done, row.final = True, {"error": reason[:500]}
-    mark_done(session, job, row, device, row.final, now)  # type: ignore[arg-type]
+    mark_done(session, job, row, device, row.final, now, control)  # type: ignore[arg-type]
 
 
 def current_assignment(
-    session: Session, device: Device, now: float, stale_after_s: float
+    session: Session,
+    device: Device,
+    now: float,
+    settings: CoordinatorSettings,
+    control: Control | None = None,
 ) -> tuple[Job, JobDevice] | None:
     """Find the job ``device`` should work on now, with its participation (``None``: none).
 
     The latest-started job it takes part in that is running, or that has ended
     (completed/stopped) while this device has not reported done — so it learns to
-    stop. A device that reported done on an ended job gets nothing for it.
+    stop. A device that reported done on an ended job gets nothing for it. Asking counts
+    as activity of a participant that is not done (it is alive).
     """
     query = (
         select(Job, JobDevice)
@@ -153,8 +225,42 @@ def current_assignment(
         .where(JobDevice.device_id == device.id)
         .order_by(Job.started_at.desc(), Job.id)
     )
-    for job, row in session.execute(query):
-        refresh_status(session, job, now, stale_after_s)
+    found = list(session.execute(query))
+    for job, row in found:
+        if job.status == "running" and not row.done:
+            row.last_activity = now
+    session.commit()
+    for job, row in found:
+        refresh_status(session, job, now, settings, control)
         if job.status == "running" or not row.done:
             return job, row
     return None
+
+
+def admit(
+    session: Session, device: Device, now: float, control: Control | None = None
+) -> tuple[Job, JobDevice] | None:
+    """Let an idle ``device`` join the latest elastic job that can take it (``None``: none).
+
+    See :func:`coordinator.churn.elastic_job`; the device starts at the new version's
+    ``from_round``.
+    """
+    job = churn.elastic_job(session, device)
+    if job is None:
+        return None
+    added = churn.replan(session, job, now, add=[device], control=control)
+    return (job, added[0]) if added else None
+
+
+def leave_on_battery(
+    session: Session, device: Device, now: float, control: Control | None = None
+) -> None:
+    """Take ``device`` out of the running jobs whose battery threshold it is now below."""
+    for job in store.running_jobs(session):
+        row = session.get(JobDevice, (job.id, device.id))
+        reason = None if row is None else churn.battery_departure(job, row, device)
+        if reason is not None:
+            churn.replan(session, job, now, remove={device.id: reason}, control=control)
+            rows = store.participants(session, job)
+            if job.status == "running" and all(r.done for r in rows):
+                _end(session, job, "completed", now, control)

@@ -18,6 +18,7 @@ from meshfl.aggregation import consensus_distance
 from meshfl.contract import (
     Assignment,
     CapabilityProfile,
+    DevicePlan,
     DevicePublic,
     JobDevicePublic,
     JobPublic,
@@ -26,11 +27,13 @@ from meshfl.contract import (
     Neighbour,
     ProfileSample,
     RoundSummary,
+    TopologyEvent,
     TopologyPublic,
 )
 
 __all__ = [
     "assignment",
+    "device_plan",
     "device_public",
     "job_public",
     "profile_sample",
@@ -79,7 +82,8 @@ def round_summaries(
 
     ``elapsed_s`` is the latest arrival of that round's reports minus ``started_at``
     (seconds, coordinator clock); ``missing_devices`` lists the participants, by index,
-    that sent no report for the round.
+    that took part in the round (``joined_round <= round < left_round``) but sent no
+    report for it.
     """
     by_round: dict[int, list[RoundMetric]] = defaultdict(list)
     for m in metrics:
@@ -100,19 +104,37 @@ def round_summaries(
                 bytes_received=sum(int(m.metrics["bytes_received"]) for m in reports),
                 elapsed_s=max(m.received_at for m in reports) - started,
                 devices_reporting=len(reporters),
-                missing_devices=[r.device_id for r in rows if r.device_id not in reporters],
+                missing_devices=[
+                    r.device_id for r in rows if _took_part(r, rnd) and r.device_id not in reporters
+                ],
             )
         )
     return out
 
 
-def _degrees(job: Job) -> dict[int, int]:
-    """Each device index's degree in the job's graph (empty before the job starts)."""
-    degree: dict[int, int] = defaultdict(int)
-    for i, j in (job.topology or {}).get("edges", []):
-        degree[int(i)] += 1
-        degree[int(j)] += 1
+def _took_part(row: JobDevice, rnd: int) -> bool:
+    return row.joined_round <= rnd and (row.left_round is None or rnd < row.left_round)
+
+
+def _degrees(job: Job) -> dict[str, int]:
+    """Each current device's degree in the job's graph, by id (empty before the start)."""
+    topo: dict[str, Any] = job.topology or {}
+    ids = topo.get("devices", [])
+    degree: dict[str, int] = defaultdict(int)
+    for i, j in topo.get("edges", []):
+        degree[ids[int(i)]] += 1
+        degree[ids[int(j)]] += 1
     return degree
+
+
+def device_plan(job: Job, device_id: str) -> DevicePlan:
+    """The device's plan in the job's current topology (all the work, no budget: default)."""
+    plan = (job.topology or {}).get("plan", {}).get(device_id)
+    if plan is None:
+        return DevicePlan(work_fraction=1.0, byte_budget=0)
+    return DevicePlan(
+        work_fraction=float(plan["work_fraction"]), byte_budget=int(plan["byte_budget"])
+    )
 
 
 def _job_device(
@@ -122,6 +144,7 @@ def _job_device(
     last_round: int,
     mine: list[RoundMetric],
     degree: int,
+    plan: DevicePlan,
 ) -> JobDevicePublic:
     final: dict[str, Any] = row.final or {}
     if row.done and "bytes_sent" in final:
@@ -134,7 +157,9 @@ def _job_device(
         name=name,
         index=row.index,
         rounds_reported=len(reported),
-        missing_rounds=[r for r in range(1, last_round + 1) if r not in reported],
+        missing_rounds=[
+            r for r in range(1, last_round + 1) if _took_part(row, r) and r not in reported
+        ],
         final_accuracy=float(final["final_accuracy"]) if "final_accuracy" in final else None,
         bytes_sent=sent,
         bytes_received=received,
@@ -143,6 +168,9 @@ def _job_device(
         isolated_rounds=sorted(
             m.round for m in mine if degree and len(m.metrics["missing"]) >= degree
         ),
+        joined_round=row.joined_round,
+        left_round=row.left_round,
+        plan=plan,
     )
 
 
@@ -151,9 +179,11 @@ def job_public(
 ) -> JobPublic:
     """Show a job with each participant's progress; ``names`` maps device id to name.
 
-    ``missing_rounds`` of a device are the rounds ``1..R`` it did not report, where R is
-    the last round any device reported; ``isolated_rounds`` the rounds it reported but
-    heard from none of its neighbours (it trained alone).
+    ``missing_rounds`` of a device are the rounds ``1..R`` it took part in
+    (``joined_round <= r < left_round``) but did not report, where R is the last round
+    any device reported; ``isolated_rounds`` the rounds it reported but heard from none
+    of its neighbours in the current topology (it trained alone); ``plan`` its
+    :class:`~meshfl.contract.DevicePlan`.
     """
     last_round = max((m.round for m in metrics), default=0)
     degree = _degrees(job)
@@ -167,7 +197,8 @@ def job_public(
             {m.round for m in mine[r.device_id]},
             last_round,
             mine[r.device_id],
-            degree.get(r.index, 0),
+            degree.get(r.device_id, 0),
+            device_plan(job, r.device_id),
         )
         for r in rows
     ]
@@ -183,7 +214,10 @@ def job_public(
 
 
 def topology_public(job: Job) -> TopologyPublic:
-    """Show the started job's graph and mixing matrix (``job.topology`` must be set)."""
+    """Show the started job's current graph, W, version and events (``job.topology`` set).
+
+    A topology stored before versions existed reads as version 1 from round 1, no events.
+    """
     topo: dict[str, Any] = job.topology or {}
     return TopologyPublic(
         kind=topo["kind"],
@@ -191,20 +225,38 @@ def topology_public(job: Job) -> TopologyPublic:
         edges=[(int(i), int(j)) for i, j in topo["edges"]],
         mixing_matrix=topo["W"],
         spectral_gap=float(topo["gap"]),
+        version=int(topo.get("version", 1)),
+        from_round=int(topo.get("from_round", 1)),
+        events=[cast(TopologyEvent, e) for e in topo.get("events", [])],
     )
 
 
 def assignment(job: Job, row: JobDevice, fleet: str) -> Assignment:
-    """Row ``row.index`` of W as the device's self weight and neighbour weights."""
+    """The device's row of the current W: self weight, neighbour weights, version, plan.
+
+    ``position`` is the device's place in the current version's ``devices`` (its row of
+    W); ``index`` stays ``row.index`` (stable: agents seed their data shuffles with it).
+    A device that left (or is not in the current version) gets ``position`` -1, no
+    neighbours and self weight 1.0: agents stop when they see it.
+    """
     topo: dict[str, Any] = job.topology or {}
-    i, ids, w = row.index, topo["devices"], topo["W"]
-    peers = sorted({j for a, b in topo["edges"] for j in (a, b) if i in (a, b) and j != i})
+    ids, w = list(topo["devices"]), topo["W"]
+    position = ids.index(row.device_id) if row.left_round is None and row.device_id in ids else -1
+    peers = sorted(
+        {j for a, b in topo["edges"] for j in (a, b) if position in (a, b) and j != position}
+    )
     return Assignment(
         job_id=job.id,
         fleet=fleet,
         status=cast(JobStatus, job.status),
         spec=cast(JobSpec, job.spec),
-        index=i,
-        self_weight=float(w[i][i]),
-        neighbours=[Neighbour(device_id=ids[j], weight=float(w[i][j])) for j in peers],
+        index=row.index,
+        self_weight=float(w[position][position]) if position >= 0 else 1.0,
+        neighbours=[Neighbour(device_id=ids[j], weight=float(w[position][j])) for j in peers],
+        topology_version=int(topo.get("version", 1)),
+        from_round=int(topo.get("from_round", 1)),
+        position=position,
+        devices=ids,
+        start_round=row.joined_round,
+        plan=device_plan(job, row.device_id),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+from coordinator.control import Publish
 from coordinator.settings import CoordinatorSettings
 from meshfl.errors import ConfigError
 
@@ -24,12 +25,19 @@ def ensure_tokens(settings: CoordinatorSettings) -> tuple[CoordinatorSettings, l
     return settings.model_copy(update=update), sorted(update)
 
 
-def serve(settings: CoordinatorSettings, host: str = "127.0.0.1", port: int = 8080) -> None:
+def serve(
+    settings: CoordinatorSettings,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    publish: Publish | None = None,
+) -> None:
     """Serve the coordinator until interrupted (uvicorn, log level ``warning``).
 
     Prints one block with the URL, the enrol token and the admin token; a token given
     in ``settings`` (or its environment variable) is shown as such, a generated one is
-    shown in full once — it is not stored anywhere, so note it.
+    shown in full once — it is not stored anywhere, so note it. ``publish`` is the
+    control-topic publisher handed to :func:`coordinator.app.create_app` (``None``: no
+    push).
     """
     import uvicorn
     from sqlalchemy.engine import make_url
@@ -39,7 +47,7 @@ def serve(settings: CoordinatorSettings, host: str = "127.0.0.1", port: int = 80
 
     settings, generated = ensure_tokens(settings)
     try:
-        app = create_app(settings)
+        app = create_app(settings, publish)
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise ConfigError(
@@ -60,7 +68,8 @@ def serve(settings: CoordinatorSettings, host: str = "127.0.0.1", port: int = 80
         f"  fleet:        {settings.fleet}\n"
         f"  enrol token:  {shown('enrol_token')}\n"
         f"  admin token:  {shown('admin_token')}\n"
-        f"  database:     {make_url(settings.db_url).render_as_string(hide_password=True)}",
+        f"  database:     {make_url(settings.db_url).render_as_string(hide_password=True)}\n"
+        f"  control push: {'MQTT ' + str(settings.broker_url) if publish else 'off (agents poll)'}",
         flush=True,
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -39,6 +39,15 @@ class CoordinatorSettings(BaseSettings):
     live_within_s : float
         Seconds. A job starts only on devices heard from this recently and not busy in
         another running job (idle agents poll for work twice a second). Default 15.
+    depart_after_s : float
+        Seconds. A participant of a running job that has neither reported a round nor
+        asked for its assignment for this long, while another participant did, leaves the
+        job: the topology is re-planned without it. Default 60.
+    depart_evidence_s : float
+        Seconds. A participant that every current neighbour listed as ``missing`` in each
+        of their latest 2 round reports leaves once it has been silent for this long (or
+        twice its latest reported round time, whichever is longer): a killed agent leaves
+        within a few rounds. Default 3.
 
     """
 
@@ -51,3 +60,5 @@ class CoordinatorSettings(BaseSettings):
     broker_url: str | None = None
     stale_after_s: float = Field(default=120.0, gt=0)
     live_within_s: float = Field(default=15.0, gt=0)
+    depart_after_s: float = Field(default=60.0, gt=0)
+    depart_evidence_s: float = Field(default=3.0, gt=0)

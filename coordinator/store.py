@@ -11,7 +11,7 @@ import hashlib
 import secrets
 from typing import Any
 
-from sqlalchemy import Select, delete, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,8 +27,12 @@ __all__ = [
     "devices_meeting",
     "enrol_device",
     "get_device",
+    "get_devices",
     "get_job",
     "hash_token",
+    "last_report_at",
+    "last_round",
+    "latest_reports",
     "list_devices",
     "list_jobs",
     "participants",
@@ -36,6 +40,7 @@ __all__ = [
     "profile_history",
     "record_metrics",
     "round_metrics",
+    "running_jobs",
     "touch",
     "update_profile",
 ]
@@ -85,6 +90,12 @@ def get_device(session: Session, device_id: str) -> Device:
     if device is None:
         raise NotFound(f"device {device_id!r} is not enrolled; list devices with GET /devices")
     return device
+
+
+def get_devices(session: Session, device_ids: list[str]) -> list[Device]:
+    """The devices ``device_ids`` that exist, in the order given."""
+    found = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(device_ids)))}
+    return [found[i] for i in device_ids if i in found]
 
 
 def list_devices(session: Session) -> list[Device]:
@@ -202,9 +213,54 @@ def list_jobs(session: Session) -> list[Job]:
     return list(session.scalars(select(Job).order_by(Job.created_at, Job.id)))
 
 
-def participants(session: Session, job: Job) -> list[JobDevice]:
-    """List the job's participants by index (empty before the job starts)."""
+def running_jobs(session: Session) -> list[Job]:
+    """Running jobs, latest started first."""
+    query = select(Job).where(Job.status == "running").order_by(Job.started_at.desc(), Job.id)
+    return list(session.scalars(query))
+
+
+def participants(session: Session, job: Job, *, fresh: bool = False) -> list[JobDevice]:
+    """List the job's participants by index (empty before the job starts).
+
+    ``fresh``: re-read rows already loaded in this session (after another request changed
+    them).
+    """
     query = select(JobDevice).where(JobDevice.job_id == job.id).order_by(JobDevice.index)
+    if fresh:
+        query = query.execution_options(populate_existing=True)
+    return list(session.scalars(query))
+
+
+def last_round(session: Session, job: Job) -> int:
+    """The highest round any device reported for ``job`` (0: none yet)."""
+    query = select(func.max(RoundMetric.round)).where(RoundMetric.job_id == job.id)
+    return int(session.scalars(query).one() or 0)
+
+
+def last_report_at(session: Session, job: Job) -> dict[str, float]:
+    """When each device last sent a round report for ``job`` (unix seconds), by device id."""
+    query = (
+        select(RoundMetric.device_id, func.max(RoundMetric.received_at))
+        .where(RoundMetric.job_id == job.id)
+        .group_by(RoundMetric.device_id)
+    )
+    return {device_id: float(at) for device_id, at in session.execute(query)}
+
+
+def latest_reports(
+    session: Session, job: Job, device_id: str, *, since_round: int, limit: int
+) -> list[RoundMetric]:
+    """The device's latest ``limit`` reports for ``job`` from ``since_round`` on, newest first."""
+    query = (
+        select(RoundMetric)
+        .where(
+            RoundMetric.job_id == job.id,
+            RoundMetric.device_id == device_id,
+            RoundMetric.round >= since_round,
+        )
+        .order_by(RoundMetric.round.desc())
+        .limit(limit)
+    )
     return list(session.scalars(query))
 
 

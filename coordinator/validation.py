@@ -6,10 +6,18 @@ import math
 import re
 from collections.abc import Callable
 
+from coordinator.planning import custom_graph
 from meshfl.codecs import parse_codec
-from meshfl.contract import JOB_TOPOLOGIES, CapabilityProfile, DeviceDone, JobSpec, RoundMetrics
-from meshfl.errors import CodecSpecError, ConfigError
-from meshfl.topology import build_graph
+from meshfl.contract import (
+    JOB_MODES,
+    JOB_TOPOLOGIES,
+    CapabilityProfile,
+    DeviceDone,
+    JobSpec,
+    RoundMetrics,
+)
+from meshfl.errors import CodecSpecError, ConfigError, TopologyError
+from meshfl.topology import MIXING_RULES, build_graph
 
 __all__ = [
     "LOSSLESS_CODECS",
@@ -42,6 +50,20 @@ _RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
     ("sketch_dim", lambda v: 0 <= v <= 4096, "an integer in [0, 4096] (0: no sketch)"),
     ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)"),
 )
+
+# Optional fields (issue 4): (field, integer?, predicate, what it must be).
+_OPTIONAL_RULES: tuple[tuple[str, bool, Callable[[float], bool], str], ...] = (
+    ("topology_degree", True, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]"),
+    ("topology_probability", False, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+    ("topology_seed", True, lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)"),
+    ("staleness", True, lambda v: 0 <= v <= 1000, "an integer in [0, 1000] (rounds)"),
+    ("quorum", False, lambda v: 0 < v <= 1, "a fraction in (0, 1] of the neighbours"),
+    ("uplink_budget_s", False, lambda v: 0 < v <= 60, "seconds in (0, 60]"),
+    ("min_battery_percent", False, lambda v: 0 <= v <= 100, "a percentage in [0, 100] (0: off)"),
+)
+
+CHECKED_GRAPH_SIZE = 256
+"""Up to this many devices, a job's graph is built once at creation to refuse bad parameters."""
 
 
 def validate_spec(spec: JobSpec) -> None:
@@ -103,19 +125,76 @@ def validate_spec(spec: JobSpec) -> None:
             f"spec.byte_budget sets a sparsifier's density but spec.codec = {spec['codec']!r};"
             " use topk:D or randk:D"
         )
-    if spec["topology"] not in JOB_TOPOLOGIES:
-        raise ConfigError(
-            f"spec.topology = {spec['topology']!r} is not available to jobs; use one of"
-            f" {', '.join(JOB_TOPOLOGIES)}"
-        )
-    try:
-        build_graph(spec["topology"], 4)
-    except ConfigError as exc:
-        raise ConfigError(f"spec.topology = {spec['topology']!r} is invalid: {exc}") from exc
+    _validate_topology(spec)
     if spec["algorithm"] == "dpsgd" and spec["codec"].strip().lower() not in LOSSLESS_CODECS:
         raise ConfigError(
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
             f"{spec['codec']!r}; use codec 'identity' (or 'fp32'), or algorithm 'choco'"
+        )
+
+
+def _validate_topology(spec: JobSpec) -> None:
+    """The topology, its parameters, rounds, planning and churn fields (issue 4)."""
+    for field, integer, ok, must_be in _OPTIONAL_RULES:
+        if field not in spec:
+            continue
+        value = spec[field]  # type: ignore[literal-required]
+        bad = isinstance(value, bool) or (integer and not isinstance(value, int))
+        if bad or not math.isfinite(value) or not ok(value):
+            raise ConfigError(f"spec.{field} = {value!r} is invalid; it must be {must_be}")
+    mode, mixing = spec.get("mode", "sync"), spec.get("mixing", "metropolis-hastings")
+    if mode not in JOB_MODES:
+        raise ConfigError(f"spec.mode = {mode!r}; use one of {', '.join(JOB_MODES)}")
+    if mixing not in MIXING_RULES:
+        raise ConfigError(f"spec.mixing = {mixing!r}; use one of {', '.join(MIXING_RULES)}")
+    kind = spec["topology"]
+    if kind not in JOB_TOPOLOGIES:
+        raise ConfigError(
+            f"spec.topology = {kind!r} is not available to jobs; use one of"
+            f" {', '.join(JOB_TOPOLOGIES)}"
+        )
+    if kind == "custom":
+        _validate_custom(spec)
+        return
+    if "custom_graph" in spec:
+        raise ConfigError(
+            f"spec.custom_graph is given but spec.topology = {kind!r}; set topology 'custom'"
+            " or drop custom_graph"
+        )
+    n = spec["devices"]
+    if not 0 < n <= CHECKED_GRAPH_SIZE:
+        return
+    try:
+        graph = build_graph(
+            kind,
+            n,
+            degree=spec.get("topology_degree", 4),
+            probability=spec.get("topology_probability", 0.3),
+            seed=spec.get("topology_seed", spec["seed"]),
+        )
+    except (ConfigError, TopologyError) as exc:
+        raise ConfigError(f"spec.topology = {kind!r} is invalid for {n} devices: {exc}") from exc
+    if not graph.is_connected() and kind != "one-peer-exponential":
+        raise ConfigError(
+            f"spec.topology = {kind!r} gives a disconnected graph on {n} devices; raise"
+            " spec.topology_degree or spec.topology_probability"
+        )
+
+
+def _validate_custom(spec: JobSpec) -> None:
+    if "custom_graph" not in spec:
+        raise ConfigError(
+            'spec.topology = \'custom\' needs spec.custom_graph {"n": N, "edges": [[i, j], ...]}'
+            " (the CLI reads it from --topology FILE.json)"
+        )
+    try:
+        graph = custom_graph(spec)
+    except (ConfigError, TopologyError) as exc:
+        raise ConfigError(f"spec.custom_graph is invalid: {exc}") from exc
+    if spec["devices"] not in (0, graph.n):
+        raise ConfigError(
+            f"spec.custom_graph has {graph.n} nodes but spec.devices = {spec['devices']};"
+            f" set devices to {graph.n} (or 0)"
         )
 
 

@@ -44,7 +44,9 @@ class AgentConfig:
     retried before enrolment / after it; ``profile_refresh_s`` how often (seconds, at
     least 60; 0 disables) a running job re-measures the link and battery between rounds
     and PUTs the profile again. The enrolment profile carries the battery figures; the
-    link figures need the broker and are measured at each job's start.
+    link figures need the broker and are measured at each job's start. ``slowdown``
+    (≥ 1, default 1: none) makes the job's trainer play a device that many times slower
+    (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks).
     """
 
     coordinator: str
@@ -61,6 +63,7 @@ class AgentConfig:
     run_retry_s: float = 120.0
     threads: int = 1
     profile_refresh_s: float = 300.0
+    slowdown: float = 1.0
 
 
 def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:

@@ -1,22 +1,35 @@
-"""The synchronous gossip round engine of one device in one job.
+"""The gossip round engine of one device in one job.
 
 Each round the device publishes its message (CHOCO-SGD's compressed difference or
 D-PSGD's model) once on its own delta topic — the broker fans it out to every
-neighbour — then collects its neighbours' messages for the same round until each has
-answered, been reported offline by its status topic (Last Will), or the round
-deadline passed. It then takes the consensus step with the neighbours that answered
-and records who was missing. A neighbour that missed the previous round is *suspected*:
-the next round takes its message if it is already there but does not wait for it, so
-one hung device costs its neighbours one deadline, not one per round; any message from
-it clears the suspicion.
+subscriber — then waits for its neighbours' messages and takes the consensus step:
+
+- **sync** (default): until ``quorum_size(d, quorum)`` of its d neighbours answered this
+  round (all of them with quorum 1), the rest were reported offline by their status
+  topic (Last Will), or the round deadline passed. A neighbour that missed the previous
+  round is *suspected*: its message is taken if already there but not waited for, so
+  one hung device costs its neighbours one deadline, not one per round.
+- **async** (AD-PSGD, Lian et al., ICML 2018, with bounded staleness τ as in Hop, Luo et
+  al., ASPLOS 2019): never for this round's messages — only until every neighbour's
+  latest message is at most τ rounds old; it mixes whatever each neighbour last sent.
 
 Delivery is at least once (MQTT QoS 1, persistent sessions); the engine applies each
 message exactly once by ``(sender, sequence)``. Messages for a future round are held
-until the device reaches that round; a CHOCO difference that arrives after its round's
-deadline is still applied (replica updates are additive), a D-PSGD model older than the
-one already held is dropped as stale. Malformed bytes are counted and dropped: nothing
-a neighbour sends can stop the engine.
+until the device reaches it; a CHOCO difference that arrives late is still applied
+(replica updates are additive), a D-PSGD model older than the one held is dropped.
 
+**Keyframes.** A CHOCO replica needs every difference of its peer since a known state.
+A device that lacks one — a neighbour new to it after a topology change, a joiner, a
+gap in a peer's sequence numbers — lists the peer under ``need`` in its retained status;
+a device that sees its id there sends its next message as a lossless KEYFRAME (x̂_i :=
+x_i), which sets every receiver's replica. Peers awaiting a keyframe are not waited for.
+
+**Topology versions.** :meth:`set_peers` tracks the peers of a new version (subscribing
+to their topics); :meth:`exchange` takes this round's row of W, so time-varying graphs
+and version switches are a matter of the caller. Control-topic messages for this job
+are collected in :attr:`control` for the job runner.
+
+Malformed bytes are counted and dropped: nothing a neighbour sends can stop the engine.
 The engine runs on the agent's main thread; the transport's network thread only puts
 ``(topic, payload)`` pairs on a queue.
 """
@@ -27,19 +40,22 @@ import json
 import logging
 import queue
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
-from meshfl.errors import MeshflError
+from meshfl.errors import ConfigError, MeshflError
+from meshfl.planning import quorum_size
 from meshfl.wire import (
     DEFAULT_MAX_PAYLOAD,
     Envelope,
     MessageKind,
     Reassembler,
+    control_topic,
     delta_topic,
     new_message_id,
     pack_message,
@@ -53,11 +69,20 @@ __all__ = ["EngineStats", "GossipEngine", "status_payload"]
 log = logging.getLogger("meshfl.agent.engine")
 
 Params = Mapping[str, np.ndarray]
+MODES = ("sync", "async")
 
 
-def status_payload(state: str, job: str | None = None, round_: int | None = None) -> bytes:
-    """The JSON body of a device's retained status message (``online``/``offline``)."""
-    return json.dumps({"state": state, "job": job, "round": round_}).encode()
+def status_payload(
+    state: str, job: str | None = None, round_: int | None = None, need: Collection[str] = ()
+) -> bytes:
+    """The JSON body of a device's retained status (``online``/``offline``/``declined``).
+
+    ``need`` lists the peers whose keyframe the device is waiting for.
+    """
+    body: dict[str, Any] = {"state": state, "job": job, "round": round_}
+    if need:
+        body["need"] = sorted(need)
+    return json.dumps(body).encode()
 
 
 @dataclass
@@ -70,6 +95,10 @@ class EngineStats:
     rejected: int = 0
     late: int = 0
     foreign: int = 0
+    keyframes_received: int = 0
+    keyframes_sent: int = 0
+    awaiting_keyframe: int = 0  # differences dropped because their replica was unknown
+    gaps: int = 0  # sequence gaps that forced a keyframe request
     rejected_reasons: list[str] = field(default_factory=list)
 
 
@@ -83,15 +112,27 @@ class GossipEngine:
     fleet, job_id, device_id
         Identify this device's messages; messages of other fleets or jobs are ignored.
     neighbours
-        Device ids of this device's neighbours (the nonzero off-diagonal entries of its
-        row of the mixing matrix).
+        Device ids of the peers to track at start: the neighbours of the first topology
+        version (for a time-varying graph, the union of its rounds' neighbours).
     algorithm
         The gossip algorithm holding the replicas (:class:`~meshfl.aggregation.ChocoGossip`
-        or :class:`~meshfl.aggregation.DPSGDGossip`).
+        or :class:`~meshfl.aggregation.CompressedDPSGD`).
     deadline_s
         Seconds a round waits for neighbours after this device published (default 30).
     max_payload
         Maximum MQTT payload in bytes; messages are chunked under it (default 128 KiB).
+    mode
+        ``"sync"`` (default) or ``"async"`` (see the module docstring).
+    staleness
+        τ of the async mode: the oldest usable neighbour message is ``round − τ``
+        (default 2; 0 makes async wait like sync).
+    quorum
+        Fraction of neighbours a sync round waits for, in (0, 1] (default 1: all).
+
+    Raises
+    ------
+    ConfigError
+        An unknown mode, a negative staleness or a quorum outside (0, 1].
 
     """
 
@@ -106,27 +147,44 @@ class GossipEngine:
         algorithm: GossipAlgorithm,
         deadline_s: float = 30.0,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        mode: str = "sync",
+        staleness: int = 2,
+        quorum: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"unknown gossip mode {mode!r}; use sync or async")
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ConfigError(f"staleness must be an integer >= 0, got {staleness!r}")
+        if not (isinstance(quorum, (int, float)) and 0.0 < quorum <= 1.0):
+            raise ConfigError(f"quorum must be in (0, 1], got {quorum!r}")
         self.transport = transport
         self.fleet = fleet
         self.job_id = job_id
         self.device_id = device_id
-        self.neighbours = list(neighbours)
+        self.peers: set[str] = set(neighbours)
         self.algorithm = algorithm
         self.deadline_s = deadline_s
         self.max_payload = max_payload
+        self.mode, self.staleness, self.quorum = mode, staleness, float(quorum)
         self.clock = clock
         self.stats = EngineStats()
+        self.control: list[dict[str, Any]] = []
         self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
-        self._applied: dict[str, set[int]] = {n: set() for n in self.neighbours}
+        self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
+        self._last_seq: dict[str, int] = {}
         self._answered: dict[int, set[str]] = {}
         self._held: dict[int, list[Envelope]] = {}
         self._latest_round: dict[str, int] = {}
         self._offline: set[str] = set()
         self._suspected: set[str] = set()
         self._ready: set[str] = set()
+        self._need: set[str] = set()
+        self._keyframe_due = False
+        self._row: dict[str, float] | None = None  # this round's neighbours (row of W)
+        self._started = False
+        self._catching_up = False
         self._sequence = 0
         self._round = 0
 
@@ -135,22 +193,35 @@ class GossipEngine:
         """Duplicates dropped: repeated chunks and repeated ``(sender, sequence)`` messages."""
         return self.stats.duplicates + self._reassembler.stats.duplicates
 
+    @property
+    def need(self) -> frozenset[str]:
+        """Peers whose keyframe this device is waiting for."""
+        return frozenset(self._need)
+
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
-        """Subscribe to the neighbours' delta and status topics, then announce readiness.
+        """Subscribe to the peers' and control topics, then announce readiness.
 
         The retained status ``{"state": "online", "job": JOB}`` is published only after
         the broker acknowledged every subscription, so a neighbour that waits for it
         (:meth:`wait_ready`) before its first round cannot publish into the void.
         """
         self.transport.set_handler(self._on_message)
-        for n in self.neighbours:
-            self.transport.subscribe(delta_topic(self.fleet, n), qos=1)
-            self.transport.subscribe(status_topic(self.fleet, n), qos=1)
+        self.transport.subscribe(control_topic(self.fleet), qos=1)
+        for n in sorted(self.peers):
+            self._subscribe(n)
+        self._started = True
+        self._publish_status()
+
+    def _subscribe(self, peer: str) -> None:
+        self.transport.subscribe(delta_topic(self.fleet, peer), qos=1)
+        self.transport.subscribe(status_topic(self.fleet, peer), qos=1)
+
+    def _publish_status(self) -> None:
         self.transport.publish(
             status_topic(self.fleet, self.device_id),
-            status_payload("online", self.job_id, 0),
+            status_payload("online", self.job_id, self._round, self._need),
             qos=1,
             retain=True,
         )
@@ -161,91 +232,194 @@ class GossipEngine:
             status_topic(self.fleet, self.device_id), status_payload("online"), qos=1, retain=True
         )
 
-    def wait_ready(self, timeout_s: float) -> list[str]:
-        """Wait until every neighbour announced this job or is offline (the start barrier).
+    def set_peers(self, peers: Collection[str], need: Collection[str] = ()) -> None:
+        """Track ``peers`` (a new topology version) and ask ``need`` for keyframes.
 
-        Returns the sorted ids of neighbours that were not ready after ``timeout_s``
-        seconds; the job proceeds without waiting for them.
+        New peers' topics are subscribed; a peer no longer listed is ignored from now on.
+        ``need`` (peers new to this device, whose replica it lacks) is published in the
+        retained status so that each of them answers with a keyframe.
+        """
+        fresh = sorted(set(peers) - self.peers)
+        for peer in fresh:
+            self._applied.setdefault(peer, set())
+            if self._started:
+                self._subscribe(peer)
+        self.peers = set(peers)
+        self.request_keyframes(need)
+
+    def request_keyframes(self, peers: Collection[str]) -> None:
+        """Ask ``peers`` (tracked ones) for a keyframe through the retained status."""
+        wanted = {p for p in peers if p in self.peers} - self._need
+        if not wanted:
+            return
+        for peer in wanted:
+            self.algorithm.forget(peer)
+            self._last_seq.pop(peer, None)
+        self._need |= wanted
+        if self._started:
+            self._publish_status()
+
+    def wait_ready(self, timeout_s: float) -> list[str]:
+        """Wait until every peer announced this job or is offline (the start barrier).
+
+        Returns the sorted ids of peers that were not ready after ``timeout_s`` seconds;
+        the job proceeds without waiting for them.
         """
         deadline = self.clock() + timeout_s
-        while not all(n in self._ready or n in self._offline for n in self.neighbours):
-            remaining = deadline - self.clock()
-            if remaining <= 0:
+        while not all(n in self._ready or n in self._offline for n in self.peers):
+            if not self._wait_one(deadline):
                 break
-            try:
-                topic, payload = self._inbox.get(timeout=min(remaining, 0.25))
-            except queue.Empty:
-                continue
-            self._handle(topic, payload)
-        return sorted(set(self.neighbours) - self._ready - self._offline)
+        return sorted(self.peers - self._ready - self._offline)
 
     def _on_message(self, topic: str, payload: bytes) -> None:
         # Runs on the transport's network thread: do nothing but hand over.
         self._inbox.put((topic, payload))
 
+    def _wait_one(self, deadline: float) -> bool:
+        """Handle one incoming message, waiting until ``deadline``; False once it passed."""
+        remaining = deadline - self.clock()
+        if remaining <= 0:
+            return False
+        try:
+            topic, payload = self._inbox.get(timeout=min(remaining, 0.25))
+        except queue.Empty:
+            return True
+        self._handle(topic, payload)
+        return True
+
     # -- one round --------------------------------------------------------------------
 
-    def exchange(self, round_: int, x: Params) -> tuple[dict[str, np.ndarray], list[str]]:
+    def exchange(
+        self,
+        round_: int,
+        x: Params,
+        weights: Mapping[str, float] | None = None,
+        self_weight: float | None = None,
+    ) -> tuple[dict[str, np.ndarray], list[str]]:
         """Publish this round's message, gather the neighbours', take the consensus step.
 
         Parameters
         ----------
         round_
-            The round number (1-based).
+            The round number (1-based; rounds may be skipped in async mode).
         x
             This device's model after local training (name → float32 array).
+        weights, self_weight
+            This round's row of W (neighbour id → w_ij, and w_ii); ``None``: keep the
+            row in use. Every neighbour must be a tracked peer.
 
         Returns
         -------
         (params, missing)
-            The model after the consensus step, and the sorted ids of neighbours whose
-            round message did not arrive before the deadline.
+            The model after the consensus step, and the sorted ids of neighbours that
+            were not mixed this round (no message in time, or no keyframe yet).
 
         """
+        if weights is not None:
+            unknown = sorted(set(weights) - self.peers)
+            if unknown:
+                raise ConfigError(f"neighbours {unknown} are not tracked; call set_peers first")
+            self.algorithm.set_neighbours(
+                weights, 1.0 if self_weight is None else self_weight, listen=self.peers
+            )
+            self._row = dict(weights)
+        row = set(self._current_row())
         self._round = round_
+        self.drain()
         self._publish(round_, x)
-        for env in self._held.pop(round_, []):
-            self._apply(env)
+        for r in sorted(k for k in self._held if k <= round_):
+            for env in self._held.pop(r):
+                self._apply(env)
         deadline = self.clock() + self.deadline_s
-        while not self._round_complete(round_):
-            remaining = deadline - self.clock()
-            if remaining <= 0:
+        while not self._round_complete(round_, row):
+            if not self._wait_one(deadline):
                 break
-            try:
-                topic, payload = self._inbox.get(timeout=min(remaining, 0.25))
-            except queue.Empty:
-                continue
-            self._handle(topic, payload)
-        self._drain()
+        self.drain()
         answered = self._answered.pop(round_, set())
-        missing = sorted(set(self.neighbours) - answered)
-        self._suspected = set(missing)
+        for r in [k for k in self._answered if k < round_]:
+            del self._answered[r]
+        if self.mode == "async":
+            mixed = {p for p in row if self._fresh(p, round_)}
+        else:
+            mixed = {p for p in answered & row if self.algorithm.has_state(p)}
+            self._suspected = (row - answered) - self._need
+        missing = sorted(row - mixed)
         if missing:
-            log.info("round %d: proceeding without %s", round_, ", ".join(missing))
-        return self.algorithm.mix(x, answered), missing
+            log.debug("round %d: mixing without %s", round_, ", ".join(missing))
+        return self.algorithm.mix(x, mixed), missing
+
+    def frontier(self) -> int:
+        """The latest round any current neighbour has sent (0: none yet)."""
+        return max((self._latest_round.get(p, 0) for p in self._current_row()), default=0)
+
+    def catch_up(self, timeout_s: float) -> tuple[int, dict[str, np.ndarray]] | None:
+        """A joiner's first step: ask every neighbour for a keyframe and adopt their mean.
+
+        Waits until every live neighbour's keyframe (CHOCO) or model (D-PSGD) arrived or
+        ``timeout_s`` passed. Returns ``(round, model)`` — the latest round the keyframes
+        came from and their mean — or ``None`` when none arrived; this device's next
+        message is then a keyframe so that its neighbours can mix it.
+        """
+        row = set(self._current_row())
+        self.request_keyframes(row)
+        self._catching_up = True  # take keyframes of any round now: they set the start
+        deadline = self.clock() + timeout_s
+        while any(
+            not self.algorithm.has_state(p) and p not in self._offline for p in row
+        ) and self._wait_one(deadline):
+            pass
+        self.drain()
+        self._catching_up = False
+        self._keyframe_due = True
+        have = sorted(p for p in row if self.algorithm.has_state(p))
+        if not have:
+            return None
+        return max(self._latest_round.get(p, 0) for p in have), self.algorithm.mean_of(have)
+
+    def _current_row(self) -> dict[str, float]:
+        if self._row is None:
+            self._row = {p: 1.0 for p in self.peers}
+        return self._row
+
+    def _fresh(self, peer: str, round_: int) -> bool:
+        return (
+            self.algorithm.has_state(peer)
+            and self._latest_round.get(peer, 0) >= round_ - self.staleness
+        )
 
     def _publish(self, round_: int, x: Params) -> None:
         self._sequence += 1
+        keyframe = self._keyframe_due
+        self._keyframe_due = False
+        if keyframe:
+            tensors, kind = self.algorithm.keyframe(x), MessageKind.KEYFRAME
+            self.stats.keyframes_sent += 1
+        else:
+            tensors, kind = self.algorithm.outgoing(x), MessageKind(self.algorithm.message_kind)
         env = Envelope(
-            kind=MessageKind(self.algorithm.message_kind),
+            kind=kind,
             fleet=self.fleet,
             job=self.job_id,
             round=round_,
             sender=self.device_id,
             message_id=new_message_id(),
             sequence=self._sequence,
-            tensors=self.algorithm.outgoing(x),
+            tensors=tensors,
         )
         topic = delta_topic(self.fleet, self.device_id)
         for chunk in pack_message(env, self.max_payload):
             self.transport.publish(topic, chunk, qos=1)
 
-    def _round_complete(self, round_: int) -> bool:
-        answered = self._answered.get(round_, set())
-        skip = self._offline | self._suspected
-        return all(n in answered or n in skip for n in self.neighbours)
+    def _round_complete(self, round_: int, row: set[str]) -> bool:
+        waitable = row - self._offline - self._need
+        if self.mode == "async":
+            return all(self._fresh(p, round_) for p in waitable)
+        waitable -= self._suspected
+        answered = self._answered.get(round_, set()) & row
+        wanted = min(quorum_size(len(row), self.quorum), len(waitable))
+        return len(answered) >= wanted and (wanted < len(waitable) or waitable <= answered)
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Handle whatever already arrived without waiting (late messages, statuses)."""
         while True:
             try:
@@ -261,15 +435,30 @@ class GossipEngine:
             info = parse_topic(topic)
             if info.kind == "status":
                 self._on_status(info.device, payload)
+            elif info.kind == "control":
+                self._on_control(payload)
             elif info.kind == "delta":
                 message = self._reassembler.feed(payload)
                 if message is not None:
                     self._on_envelope(info.device, decode_envelope(message))
         except MeshflError as exc:
-            self.stats.rejected += 1
-            if len(self.stats.rejected_reasons) < 20:
-                self.stats.rejected_reasons.append(str(exc))
-            log.warning("dropped a message on %s: %s", topic, exc)
+            self._reject(f"dropped a message on {topic}: {exc}")
+
+    def _reject(self, reason: str) -> None:
+        self.stats.rejected += 1
+        if len(self.stats.rejected_reasons) < 20:
+            self.stats.rejected_reasons.append(reason)
+        log.warning("%s", reason)
+
+    def _on_control(self, payload: bytes) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            if payload:
+                self.stats.rejected += 1
+            return
+        if isinstance(message, dict) and message.get("job") == self.job_id:
+            self.control.append(message)
 
     def _on_status(self, device: str | None, payload: bytes) -> None:
         if device is None or device not in self._applied:
@@ -279,6 +468,7 @@ class GossipEngine:
         try:
             status = json.loads(payload)
             state, job = status.get("state"), status.get("job")
+            need = status.get("need") or []
         except (ValueError, AttributeError):
             if payload:
                 self.stats.rejected += 1
@@ -288,6 +478,8 @@ class GossipEngine:
         elif state == "online" and job == self.job_id:
             self._offline.discard(device)
             self._ready.add(device)
+            if isinstance(need, list) and self.device_id in need and device in self.peers:
+                self._keyframe_due = True
         elif state == "online" and device in self._ready:
             self._offline.add(device)  # it was in this job and has left it (done or stopped)
 
@@ -296,30 +488,41 @@ class GossipEngine:
             self.stats.foreign += 1
             return
         if env.sender != topic_device or env.sender not in self._applied:
-            self.stats.rejected += 1
-            log.warning("dropped a message from %r on %r's topic", env.sender, topic_device)
+            self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
             return
         seen = self._applied[env.sender]
         if env.sequence in seen:
             self.stats.duplicates += 1
             return
         seen.add(env.sequence)
-        if env.round > self._round:
+        if env.round > self._round and not self._catching_up:
             self._held.setdefault(env.round, []).append(env)
         else:
             self._apply(env)
 
     def _apply(self, env: Envelope) -> None:
         sender = env.sender
+        if sender not in self.peers:
+            self.stats.foreign += 1  # a former peer of an older topology version
+            return
         if env.kind == MessageKind.MODEL and env.round < self._latest_round.get(sender, 0):
             self.stats.stale += 1
             return
-        try:
-            self.algorithm.incoming(sender, env.tensors)
-        except MeshflError as exc:
-            self.stats.rejected += 1
-            log.warning("dropped %s's round %d message: %s", sender, env.round, exc)
+        if env.kind == MessageKind.DELTA and not self._in_sequence(sender, env.sequence):
             return
+        try:
+            if env.kind == MessageKind.KEYFRAME:
+                self.algorithm.incoming_keyframe(sender, env.tensors)
+                self.stats.keyframes_received += 1
+            else:
+                self.algorithm.incoming(sender, env.tensors)
+        except MeshflError as exc:
+            self._reject(f"dropped {sender}'s round {env.round} message: {exc}")
+            return
+        self._last_seq[sender] = env.sequence
+        if sender in self._need and env.kind != MessageKind.DELTA:
+            self._need.discard(sender)
+            self._publish_status()
         self._latest_round[sender] = max(env.round, self._latest_round.get(sender, 0))
         self._suspected.discard(sender)
         self.stats.applied += 1
@@ -327,3 +530,19 @@ class GossipEngine:
             self.stats.late += 1
         else:
             self._answered.setdefault(env.round, set()).add(sender)
+
+    def _in_sequence(self, sender: str, sequence: int) -> bool:
+        """Whether a CHOCO difference continues the replica held of ``sender``."""
+        if not self.algorithm.has_state(sender):
+            self.stats.awaiting_keyframe += 1
+            self.request_keyframes([sender])
+            return False
+        last = self._last_seq.get(sender)
+        if last is not None and sequence != last + 1:
+            self.stats.gaps += 1
+            log.warning(
+                "gap in %s's messages (%d after %d): asking for a keyframe", sender, sequence, last
+            )
+            self.request_keyframes([sender])
+            return False
+        return True

@@ -13,6 +13,7 @@ import numpy as np
 from edge_agent.engine import GossipEngine
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Transport
+from edge_agent.versions import TopologyVersion
 from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
 from meshfl.codecs import CodecPolicy, parse_codec
 from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
@@ -66,6 +67,7 @@ class JobRunner:
             batch_size=spec["batch_size"],
             local_epochs=spec["local_epochs"],
             threads=self.config.threads,
+            slowdown=self.config.slowdown,
         )
         # Measured before the engine starts: the link probe borrows the transport's handler.
         profile = capability_profile(trainer, x, y)
@@ -73,32 +75,62 @@ class JobRunner:
         self.client.put_profile(self.device_id, profile)
         refresh_s = self.config.profile_refresh_s
         measured = time.monotonic()
+        topo = TopologyVersion.from_assignment(self.assignment)
+        self.versions = {topo.version: topo}
+        self._prepared = {topo.version}
         engine = GossipEngine(
             transport=self.transport,
             fleet=self.assignment["fleet"],
             job_id=self.job_id,
             device_id=self.device_id,
-            neighbours=[n["device_id"] for n in self.assignment["neighbours"]],
-            algorithm=self._algorithm(trainer.params()),
+            neighbours=sorted(topo.peers()),
+            algorithm=self._algorithm(trainer.params(), topo),
             deadline_s=spec["round_deadline_s"],
             max_payload=spec["max_payload_bytes"],
+            mode=spec.get("mode", "sync"),
+            staleness=spec.get("staleness", 2),
+            quorum=spec.get("quorum", 1.0),
         )
         engine.start()
-        absent = engine.wait_ready(max(60.0, spec["round_deadline_s"]))
-        if absent:
-            log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
+        round_ = max(1, self.assignment["start_round"])
+        if round_ > 1:  # a joiner: start from its neighbours' models, at their round
+            caught = engine.catch_up(max(60.0, spec["round_deadline_s"]))
+            if caught is None:
+                log.warning("joined without a neighbour's keyframe: starting from x0")
+            else:
+                round_ = max(round_, caught[0] + 1)
+                trainer.set_params(caught[1])
+                log.info(
+                    "joined at round %d from %d neighbours' keyframes", round_, len(topo.peers())
+                )
+        else:
+            absent = engine.wait_ready(max(60.0, spec["round_deadline_s"]))
+            if absent:
+                log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
         sent0, received0 = self.transport.bytes_sent, self.transport.bytes_received
         sent, received = sent0, received0  # counters at the end of the previous round
         accuracy = 0.0
-        for round_ in range(1, spec["rounds"] + 1):
+        work = float(self.assignment["plan"]["work_fraction"])
+        async_mode = spec.get("mode", "sync") == "async"
+        while round_ <= spec["rounds"]:
+            topo = self._switch(engine, topo, round_)
+            if topo.removed:
+                log.info(
+                    "removed from job %s at round %d (topology v%d)",
+                    self.job_id,
+                    round_,
+                    topo.version,
+                )
+                break
             started = time.perf_counter()
-            result = trainer.train(x, y)
+            result = trainer.train(x, y, work_fraction=work)
             if not math.isfinite(result.loss):
                 raise ConfigError(
                     f"training diverged at round {round_} (loss {result.loss}); lower the"
                     " job's learning rate"
                 )
-            params, missing = engine.exchange(round_, trainer.params())
+            weights, self_weight = topo.row(round_)
+            params, missing = engine.exchange(round_, trainer.params(), weights, self_weight)
             trainer.set_params(params)
             accuracy, loss = trainer.evaluate(x_test, y_test)
             now_sent, now_received = self.transport.bytes_sent, self.transport.bytes_received
@@ -126,9 +158,13 @@ class JobRunner:
                 profile = self._refresh_profile(profile)
                 self.client.put_profile(self.device_id, profile)
                 measured = time.monotonic()
-            if round_ < spec["rounds"] and self._stopped():
+            if round_ < spec["rounds"] and self._poll(engine):
                 log.info("job %s was stopped by the coordinator", self.job_id)
                 break
+            nxt = round_ + 1
+            if async_mode:  # Hop-style: a device that fell behind skips to stay within τ
+                nxt = max(nxt, engine.frontier() - engine.staleness + 1)
+            round_ = nxt
         engine.leave()
         self.transport.flush(10.0)
         path = self.config.out / self.job_id / self.config.name / "model.pt"
@@ -144,6 +180,46 @@ class JobRunner:
         )
         if engine.stats.rejected:
             log.warning("rejected %d malformed messages", engine.stats.rejected)
+
+    def _switch(self, engine: GossipEngine, topo: TopologyVersion, round_: int) -> TopologyVersion:
+        """Track every known version's peers early; switch to the newest one in force."""
+        for message in engine.control:
+            pushed = TopologyVersion.from_control(message, self.device_id, topo.mixing)
+            if pushed is not None:
+                self.versions.setdefault(pushed.version, pushed)
+        engine.control.clear()
+        newer = sorted(
+            (v for v in self.versions.values() if v.version > topo.version),
+            key=lambda v: v.version,
+        )
+        if not newer:
+            return topo
+        for version in newer:
+            if version.version not in self._prepared:  # subscribe and ask for keyframes early
+                self._prepared.add(version.version)
+                engine.set_peers(
+                    engine.peers | version.peers(), need=version.peers() - topo.peers()
+                )
+        in_force = [v for v in newer if v.from_round <= round_]
+        if not in_force:
+            return topo
+        current = max(in_force, key=lambda v: v.version)
+        log.info(
+            "round %d: topology v%d (%d devices)", round_, current.version, len(current.devices)
+        )
+        engine.set_peers(current.peers() | newer[-1].peers())
+        return current
+
+    def _poll(self, engine: GossipEngine) -> bool:
+        """Read the assignment: learn a newer topology version; True if the job stopped."""
+        current = self.client.assignment(self.device_id)
+        if current is None or current["job_id"] != self.job_id:
+            return current is None
+        if current["status"] == "stopped":
+            return True
+        version = TopologyVersion.from_assignment(current)
+        self.versions.setdefault(version.version, version)
+        return False
 
     def _measure_link(self) -> CapabilityProfile:
         from edge_agent.netprobe import measure_link
@@ -169,32 +245,69 @@ class JobRunner:
         fresh["measured_at"] = time.time()
         return fresh
 
-    def _algorithm(self, params: dict[str, np.ndarray]) -> GossipAlgorithm:
-        weights = {n["device_id"]: n["weight"] for n in self.assignment["neighbours"]}
-        self_weight = self.assignment["self_weight"]
+    def _algorithm(self, params: dict[str, np.ndarray], topo: TopologyVersion) -> GossipAlgorithm:
+        weights, self_weight = topo.row(max(1, self.assignment["start_round"]))
+        listen = topo.peers()
         if self.spec["algorithm"] == "dpsgd":
-            return DPSGDGossip(params, weights, self_weight)
-        policy = CodecPolicy.from_options(
-            parse_codec(self.spec["codec"]),
-            [(name, tuple(a.shape)) for name, a in params.items()],
-            dense_below=self.spec.get("dense_below", 0),
-            byte_budget=self.spec.get("byte_budget", 0),
-        )
+            dpsgd = DPSGDGossip(params, weights, self_weight)
+            dpsgd.set_neighbours(weights, self_weight, listen=listen)
+            return dpsgd
+        policy = self._policy(params)
         log.info(
             "codecs per tensor: %s",
             ", ".join(
                 f"{name} {policy.codec_for(name, a.shape).spec}" for name, a in params.items()
             ),
         )
-        return ChocoGossip(
+        # Every device starts from the same seeded x⁰: the replicas of every peer of
+        # the first version are exact from round one (a joiner asks for keyframes).
+        choco = ChocoGossip(
             params,
-            weights,
-            self_weight,
+            {p: 1.0 / len(listen) for p in listen} if listen else {},
+            0.0 if listen else 1.0,
             consensus_step=self.spec["consensus_step"],
             codec=policy,
-            shared_start=True,  # every device starts from the same seeded x⁰
+            shared_start=True,
             keyframe_growth=self.spec.get("keyframe_growth", 0.0),
         )
+        choco.set_neighbours(weights, self_weight, listen=listen)
+        return choco
+
+    def _policy(self, params: dict[str, np.ndarray]) -> CodecPolicy:
+        """The job's codec policy, made sparser if the planner gave a tighter byte budget."""
+        layout = [(name, tuple(a.shape)) for name, a in params.items()]
+        codec = parse_codec(self.spec["codec"])
+        dense_below = self.spec.get("dense_below", 0)
+        policy = CodecPolicy.from_options(
+            codec, layout, dense_below=dense_below, byte_budget=self.spec.get("byte_budget", 0)
+        )
+        budget = int(self.assignment["plan"]["byte_budget"])
+        if budget <= 0:
+            return policy
+        sparsifier = policy.codec_for(*max(layout, key=lambda t: math.prod(t[1])))
+        density = getattr(sparsifier, "density", None)
+        if sparsifier.name not in ("topk", "randk") or density is None:
+            log.warning(
+                "planned byte budget %d ignored: codec %s has no density", budget, codec.spec
+            )
+            return policy
+        try:
+            planned = CodecPolicy.for_budget(budget, layout, sparsifier.name, dense_below)
+        except ConfigError as exc:
+            log.warning("planned byte budget %d ignored: %s", budget, exc)
+            return policy
+        largest = max(layout, key=lambda t: math.prod(t[1]))
+        planned_density = getattr(planned.codec_for(*largest), "density", 1.0)
+        if planned_density >= density:
+            return policy
+        log.info(
+            "planned byte budget %d B: %s density %.4g instead of %.4g",
+            budget,
+            sparsifier.name,
+            planned_density,
+            density,
+        )
+        return planned
 
     def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:
         dim = self.spec["sketch_dim"]
@@ -215,12 +328,6 @@ class JobRunner:
         raise DataError(
             f"job {self.job_id} names no test data and {self.config.data} has no"
             " x_test/y_test arrays; pass --test-data FILE"
-        )
-
-    def _stopped(self) -> bool:
-        current = self.client.assignment(self.device_id)
-        return current is None or (
-            current["job_id"] == self.job_id and current["status"] == "stopped"
         )
 
 

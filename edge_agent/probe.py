@@ -48,8 +48,9 @@ def capability_profile(
     ----------
     trainer : Trainer or None
         The job's trainer. When given (with x and y), ``train_samples_per_s`` is measured
-        with :meth:`Trainer.measure_throughput` (parameters left unchanged) and
-        ``model_hash`` is its ``spec_hash``; when None, both are left out.
+        with :meth:`Trainer.measure_throughput` (parameters left unchanged; a trainer
+        with a ``slowdown`` measures the slowed device) and ``model_hash`` is its
+        ``spec_hash``; when None, both are left out.
     x, y : numpy.ndarray, optional
         Local training data, (n, input_dim) float32 and (n,) int64.
 

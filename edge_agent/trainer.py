@@ -2,6 +2,11 @@
 
 Plain minibatch SGD (W1: learning rate 0.1, batch 32, one local epoch per round), with the
 shuffling drawn from a per-device ``torch.Generator`` so a run is reproducible.
+
+For tests and benchmarks a trainer can play a slower device honestly: with ``slowdown``
+s > 1 it sleeps (s − 1)·t after every optimizer step that took t seconds, so its training
+(and the throughput it measures for the capability profile) is s times slower than this
+machine's, whatever the load.
 """
 
 from __future__ import annotations
@@ -32,11 +37,17 @@ _EVAL_CHUNK = 4096  # samples per forward pass in evaluate()
 
 @dataclass(frozen=True)
 class TrainResult:
-    """One call of :meth:`Trainer.train`: mean per-sample loss, samples processed, seconds."""
+    """One call of :meth:`Trainer.train`: mean per-sample loss, work done, seconds.
+
+    ``samples`` and ``steps`` count the minibatches actually run (``len(x) ×
+    local_epochs`` samples in ``local_epochs · ceil(len(x) / batch_size)`` steps at
+    ``work_fraction`` 1); ``seconds`` is wall-clock, slowdown sleeps included.
+    """
 
     loss: float
-    samples: int  # len(x) × local_epochs
-    seconds: float  # wall-clock
+    samples: int
+    seconds: float
+    steps: int
 
 
 def accelerator_name() -> str | None:
@@ -44,6 +55,14 @@ def accelerator_name() -> str | None:
     if torch.cuda.is_available():
         return f"cuda:{torch.cuda.get_device_name(0)}"
     return None
+
+
+def _check_slowdown(slowdown: float) -> float:
+    """Return ``slowdown`` as a float; ConfigError unless it is a finite number ≥ 1."""
+    ok = not isinstance(slowdown, bool) and isinstance(slowdown, (int, float))
+    if not (ok and math.isfinite(slowdown) and slowdown >= 1):
+        raise ConfigError(f"slowdown must be a finite number >= 1 (got {slowdown!r})")
+    return float(slowdown)
 
 
 def _positive(name: str, value: float, integer: bool) -> None:
@@ -72,11 +91,16 @@ class Trainer:
     data_seed : int, optional
         Seed of this device's shuffling generator; None uses ``seed``. Give each device its
         own (e.g. ``seed + index``) for independent minibatch orders.
+    slowdown : float, default 1.0
+        Play a device this many times slower (≥ 1): after each optimizer step that took
+        t seconds (forward, backward, update), sleep (slowdown − 1)·t seconds. It applies
+        to :meth:`train` and :meth:`measure_throughput` alike. For tests and benchmarks.
 
     Raises
     ------
     ConfigError
-        A non-positive hyper-parameter or a bad model spec.
+        A non-positive hyper-parameter, a slowdown below 1 or not finite, or a bad model
+        spec.
 
     """
 
@@ -90,7 +114,9 @@ class Trainer:
         local_epochs: int,
         threads: int = 1,
         data_seed: int | None = None,
+        slowdown: float = 1.0,
     ) -> None:
+        self.slowdown = _check_slowdown(slowdown)
         _positive("learning rate", learning_rate, integer=False)
         _positive("batch size", batch_size, integer=True)
         _positive("local epochs", local_epochs, integer=True)
@@ -125,25 +151,33 @@ class Trainer:
         yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
         return xt, yt
 
+    def _step(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
+        """One SGD step on a minibatch (then the slowdown sleep); returns its mean loss."""
+        start = time.perf_counter()
+        loss = self._loss(self._model(xb), yb)
+        self._model.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            for p in self._model.parameters():
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-self.learning_rate)
+        value = float(loss.detach())
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - start))
+        return value
+
     def _epoch(
         self, xt: torch.Tensor, yt: torch.Tensor, generator: torch.Generator, max_batches: int
     ) -> tuple[float, int]:
         order = torch.randperm(len(yt), generator=generator)
         total, seen = 0.0, 0
         for batch in torch.split(order, self.batch_size)[:max_batches]:
-            loss = self._loss(self._model(xt[batch]), yt[batch])
-            self._model.zero_grad(set_to_none=True)
-            loss.backward()
-            with torch.no_grad():
-                for p in self._model.parameters():
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-self.learning_rate)
-            total += float(loss.detach()) * len(batch)
+            total += self._step(xt[batch], yt[batch]) * len(batch)
             seen += len(batch)
         return total, seen
 
-    def train(self, x: np.ndarray, y: np.ndarray) -> TrainResult:
-        """Run ``local_epochs`` epochs of shuffled-minibatch SGD on (x, y), in place.
+    def train(self, x: np.ndarray, y: np.ndarray, work_fraction: float = 1.0) -> TrainResult:
+        """Run (part of) ``local_epochs`` epochs of shuffled-minibatch SGD on (x, y), in place.
 
         Parameters
         ----------
@@ -151,27 +185,39 @@ class Trainer:
             Features, (n, input_dim), cast to float32.
         y : numpy.ndarray
             Labels, (n,), integers in [0, num_classes).
+        work_fraction : float, default 1.0
+            Share of the round's work to do, in (0, 1]: the first
+            ``max(1, round(work_fraction · local_epochs · ceil(n / batch_size)))``
+            minibatch steps of the ``local_epochs`` epochs (the planner's per-device local
+            steps, OmniLearn-style). Each epoch started draws its own shuffle.
 
         Returns
         -------
         TrainResult
             Mean cross-entropy over every sample processed (before each step's update),
-            ``n × local_epochs`` samples, wall-clock seconds.
+            the samples and steps run, wall-clock seconds.
 
         Raises
         ------
+        ConfigError
+            ``work_fraction`` outside (0, 1].
         DataError
             Empty data, a width other than ``input_dim``, or a label ≥ ``num_classes``.
 
         """
+        ok = not isinstance(work_fraction, bool) and isinstance(work_fraction, (int, float))
+        if not (ok and 0 < work_fraction <= 1):
+            raise ConfigError(f"work fraction must be in (0, 1] (got {work_fraction!r})")
         xt, yt = self._tensors(x, y)
         self._model.train()
+        per_epoch = math.ceil(len(yt) / self.batch_size)
+        steps = max(1, round(work_fraction * self.local_epochs * per_epoch))
         start = time.perf_counter()
-        total, seen = 0.0, 0
-        for _ in range(self.local_epochs):
-            epoch_total, epoch_seen = self._epoch(xt, yt, self._generator, len(yt))
-            total, seen = total + epoch_total, seen + epoch_seen
-        return TrainResult(total / seen, seen, time.perf_counter() - start)
+        total, seen, left = 0.0, 0, steps
+        while left > 0:
+            epoch_total, epoch_seen = self._epoch(xt, yt, self._generator, left)
+            total, seen, left = total + epoch_total, seen + epoch_seen, left - per_epoch
+        return TrainResult(total / seen, seen, time.perf_counter() - start, steps)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """Return (accuracy in [0, 1], mean cross-entropy) on (x, y); DataError when empty."""
@@ -194,7 +240,9 @@ class Trainer:
 
         Times ``batches`` SGD steps (after one untimed warm-up step) on minibatches of
         (x, y), then restores the parameters; the shuffling generator of :meth:`train` is
-        not advanced, so measuring does not change later training.
+        not advanced, so measuring does not change later training. The steps are
+        :meth:`train`'s, slowdown sleeps included: a slowed trainer measures the slowed
+        device.
         """
         _positive("batches", batches, integer=True)
         xt, yt = self._tensors(x, y)

@@ -32,6 +32,12 @@ POST     /jobs/{job_id}/decline                      device   DeviceDecline → 
 
 ``GET /healthz`` needs no auth.
 
+``GET /devices/{device_id}/assignment`` may add an idle device to the latest running
+``elastic`` job (a join: a new topology version); ``PUT .../profile`` may remove a
+participant whose battery fell below its job's ``min_battery_percent`` (a leave). Every
+topology version is also pushed, retained, on ``meshfl/v1/{fleet}/control`` as JSON
+``{"job", "version", "from_round", "kind", "devices", "W", "status"}``.
+
 ``GET /devices/profiles`` is the fleet view: every device with its latest profile, in
 enrolment order, optionally only those whose profile reports at least ``min_cores``,
 ``min_train_samples_per_s`` or ``min_uplink_bytes_per_s`` (a device that did not report
@@ -50,11 +56,14 @@ from typing_extensions import NotRequired, TypedDict
 
 __all__ = [
     "API_PREFIX",
+    "JOB_MODES",
     "JOB_TOPOLOGIES",
     "Assignment",
     "CapabilityProfile",
+    "CustomGraph",
     "DeviceDecline",
     "DeviceDone",
+    "DevicePlan",
     "DevicePublic",
     "EnrolRequest",
     "EnrolResponse",
@@ -67,13 +76,35 @@ __all__ = [
     "ProfileSample",
     "RoundMetrics",
     "RoundSummary",
+    "TopologyEvent",
+    "TopologyEventKind",
     "TopologyPublic",
 ]
 
 API_PREFIX = "/api/v1"
 
-JOB_TOPOLOGIES = ("ring", "complete", "star", "exponential", "torus", "small-world", "erdos-renyi")
-"""Topology names a job accepts today (static graphs built with default parameters)."""
+JOB_TOPOLOGIES = (
+    "ring",
+    "torus",
+    "exponential",
+    "one-peer-exponential",
+    "random-regular",
+    "erdos-renyi",
+    "small-world",
+    "star",
+    "complete",
+    "custom",
+)
+"""Topology names a job accepts. ``custom`` takes its graph from ``JobSpec.custom_graph``
+(the CLI reads it from a JSON edge-list file); ``one-peer-exponential`` is time-varying:
+round r uses :func:`meshfl.topology.one_peer_exponential` ``(n, r)``."""
+
+JOB_MODES = ("sync", "async")
+"""``sync``: every round waits for the neighbours (up to the quorum and the deadline);
+``async``: AD-PSGD-style, a device mixes what its neighbours last sent, waiting only for
+a neighbour whose latest message is more than ``staleness`` rounds old."""
+
+TopologyEventKind = Literal["start", "join", "leave"]
 
 JobStatus = Literal["created", "running", "completed", "stopped"]
 
@@ -179,6 +210,51 @@ class JobSpec(TypedDict):
     keyframe_growth: NotRequired[float]
     dense_below: NotRequired[int]
     byte_budget: NotRequired[int]
+    # Topology parameters (issue 4); absent: the defaults in brackets.
+    topology_degree: NotRequired[int]  # random-regular degree, small-world k [4]
+    topology_probability: NotRequired[float]  # erdos-renyi p, small-world rewiring [0.3]
+    topology_seed: NotRequired[int]  # seed of the random builders [spec.seed]
+    mixing: NotRequired[Literal["metropolis-hastings", "max-degree"]]  # [metropolis-hastings]
+    custom_graph: NotRequired[CustomGraph]  # required when topology == "custom"
+    # Rounds (issue 4).
+    mode: NotRequired[Literal["sync", "async"]]  # [sync]
+    staleness: NotRequired[int]  # async: τ, the oldest usable neighbour round lag [2]
+    quorum: NotRequired[float]  # proceed once ceil(quorum·d) neighbours answered [1.0]
+    # Planning and churn (issue 4).
+    plan: NotRequired[bool]  # capability-aware planning [False]
+    uplink_budget_s: NotRequired[float]  # planner: seconds of uplink per message [0.05]
+    min_battery_percent: NotRequired[float]  # below it (not charging): sit out [0: off]
+    elastic: NotRequired[bool]  # admit idle devices that appear mid-job [False]
+
+
+class CustomGraph(TypedDict):
+    """An uploaded graph: ``n`` nodes ``0..n-1`` and undirected ``edges`` ``[i, j]``."""
+
+    n: int
+    edges: list[tuple[int, int]]
+
+
+class DevicePlan(TypedDict):
+    """What the planner gave one device (all devices get one; defaults without ``plan``).
+
+    ``work_fraction`` in (0, 1] scales the local work of a round (local steps =
+    max(1, round(work_fraction · steps of ``local_epochs`` epochs))); ``byte_budget``
+    (bytes per message, 0: none) caps a top-k/random-k codec's density for this device.
+    """
+
+    work_fraction: float
+    byte_budget: int
+
+
+class TopologyEvent(TypedDict):
+    """One change of a running job's topology: a new version from ``from_round`` on."""
+
+    version: int
+    from_round: int
+    kind: TopologyEventKind
+    device_id: str | None  # the device that joined or left (None for "start")
+    reason: str  # "started", "joined", "silent for 15 s", "battery 12% < 20%", ...
+    at: float  # unix seconds, coordinator clock
 
 
 class Neighbour(TypedDict):
@@ -189,7 +265,13 @@ class Neighbour(TypedDict):
 
 
 class Assignment(TypedDict):
-    """A device's part in a running job: its neighbours and mixing weights (row i of W)."""
+    """A device's part in a running job: its neighbours and mixing weights (row i of W).
+
+    The row belongs to topology ``topology_version``, in force from round ``from_round``;
+    ``devices`` lists the version's devices by position in W (``position`` is this
+    device's), which time-varying kinds need to build each round's graph.
+    ``start_round`` is the first round this device runs (> 1: it joined mid-job).
+    """
 
     job_id: str
     fleet: str
@@ -198,6 +280,12 @@ class Assignment(TypedDict):
     index: int
     self_weight: float
     neighbours: list[Neighbour]
+    topology_version: int
+    from_round: int
+    position: int
+    devices: list[str]
+    start_round: int
+    plan: DevicePlan
 
 
 class RoundMetrics(TypedDict):
@@ -257,16 +345,27 @@ class JobDevicePublic(TypedDict):
     done: bool
     error: str | None  # the reason a device declined the job
     isolated_rounds: list[int]  # rounds it reported without hearing from any neighbour
+    joined_round: int  # first round it ran (1, or later for a device that joined)
+    left_round: int | None  # first round it no longer took part in (None: stayed)
+    plan: DevicePlan
 
 
 class TopologyPublic(TypedDict):
-    """The job's graph: edges, the mixing matrix W (row-major, by device index)."""
+    """The job's current graph: edges, the mixing matrix W (row-major, by position).
+
+    ``version`` counts changes (1 at start); it is in force from round ``from_round``;
+    ``events`` lists every change so far, oldest first. For ``one-peer-exponential`` the
+    edges and W are the union graph's (each round uses one of its matchings).
+    """
 
     kind: str
     devices: list[str]
     edges: list[tuple[int, int]]
     mixing_matrix: list[list[float]]
     spectral_gap: float
+    version: int
+    from_round: int
+    events: list[TopologyEvent]
 
 
 class JobPublic(TypedDict):

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from coordinator import lifecycle, reports, store, validation
-from coordinator.deps import AdminDep, NowDep, OwnDeviceDep, SessionDep, SettingsDep
+from coordinator.deps import AdminDep, ControlDep, NowDep, OwnDeviceDep, SessionDep, SettingsDep
 from meshfl.contract import (
     Assignment,
     CapabilityProfile,
@@ -98,11 +98,21 @@ def get_device(device_id: str, _: AdminDep, session: SessionDep) -> DevicePublic
 
 @router.put("/{device_id}/profile", response_model=DevicePublic)
 def put_profile(
-    body: CapabilityProfile, device: OwnDeviceDep, session: SessionDep, now: NowDep
+    body: CapabilityProfile,
+    device: OwnDeviceDep,
+    session: SessionDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> DevicePublic:
-    """Replace the device's capability profile and append it to its history (own token only)."""
+    """Replace the device's capability profile and append it to its history (own token only).
+
+    A participant of a running job whose ``min_battery_percent`` it is now below (and not
+    charging) leaves that job: a new topology version without it.
+    """
     validation.validate_profile(body)
-    return reports.device_public(store.update_profile(session, device, body, now))
+    store.update_profile(session, device, body, now)
+    lifecycle.leave_on_battery(session, device, now, control)
+    return reports.device_public(device)
 
 
 @router.get("/{device_id}/profiles", response_model=list[ProfileSample])
@@ -129,11 +139,21 @@ def get_profiles(
     responses={204: {"description": "No job for this device now"}},
 )
 def get_assignment(
-    device: OwnDeviceDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    device: OwnDeviceDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> Assignment | Response:
-    """Return the device's current job: index, self weight, neighbour weights (row of W)."""
+    """Return the device's current job: its row of the current W, version and plan.
+
+    An idle device with no job joins the latest running ``elastic`` job that can take
+    it (a new topology version; it starts at ``start_round``).
+    """
     store.touch(session, device, now)
-    found = lifecycle.current_assignment(session, device, now, settings.stale_after_s)
+    found = lifecycle.current_assignment(session, device, now, settings, control)
+    if found is None:
+        found = lifecycle.admit(session, device, now, control)
     if found is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     job, row = found

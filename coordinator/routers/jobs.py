@@ -6,8 +6,10 @@ from fastapi import APIRouter, HTTPException, Response, status
 from sqlalchemy.orm import Session
 
 from coordinator import lifecycle, reports, store, validation
+from coordinator.control import Control
 from coordinator.db import Job
-from coordinator.deps import AdminDep, DeviceDep, NowDep, SessionDep, SettingsDep
+from coordinator.deps import AdminDep, ControlDep, DeviceDep, NowDep, SessionDep, SettingsDep
+from coordinator.settings import CoordinatorSettings
 from meshfl.contract import (
     DeviceDecline,
     DeviceDone,
@@ -29,8 +31,11 @@ def _public(session: Session, job: Job) -> JobPublic:
     return reports.job_public(job, rows, names, store.round_metrics(session, job))
 
 
-def _read(session: Session, job_id: str, now: float, stale_after_s: float) -> Job:
-    return lifecycle.refresh_status(session, store.get_job(session, job_id), now, stale_after_s)
+def _read(
+    session: Session, job_id: str, now: float, settings: CoordinatorSettings, control: Control
+) -> Job:
+    job = store.get_job(session, job_id)
+    return lifecycle.refresh_status(session, job, now, settings, control)
 
 
 @router.post("", response_model=JobPublic, status_code=status.HTTP_201_CREATED)
@@ -42,39 +47,54 @@ def create_job(body: JobSpec, _: AdminDep, session: SessionDep, now: NowDep) -> 
 
 @router.get("", response_model=list[JobPublic])
 def list_jobs(
-    _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    _: AdminDep, session: SessionDep, settings: SettingsDep, control: ControlDep, now: NowDep
 ) -> list[JobPublic]:
     """Every job, oldest first."""
     jobs = store.list_jobs(session)
     for job in jobs:
-        lifecycle.refresh_status(session, job, now, settings.stale_after_s)
+        lifecycle.refresh_status(session, job, now, settings, control)
     return [_public(session, job) for job in jobs]
 
 
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(
-    job_id: str, _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    job_id: str,
+    _: AdminDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> JobPublic:
     """One job with each participant's progress."""
-    return _public(session, _read(session, job_id, now, settings.stale_after_s))
+    return _public(session, _read(session, job_id, now, settings, control))
 
 
 @router.post("/{job_id}/start", response_model=JobPublic)
 def start_job(
-    job_id: str, _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    job_id: str,
+    _: AdminDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> JobPublic:
-    """Pick the participants, plan the topology and mixing matrix, and run the job."""
+    """Pick the participants, plan the topology, mixing matrix and work, and run the job."""
     job = store.get_job(session, job_id)
-    return _public(session, lifecycle.start_job(session, job, now, settings.live_within_s))
+    return _public(session, lifecycle.start_job(session, job, now, settings, control))
 
 
 @router.post("/{job_id}/stop", response_model=JobPublic)
 def stop_job(
-    job_id: str, _: AdminDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    job_id: str,
+    _: AdminDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> JobPublic:
     """Stop a created or running job."""
-    job = _read(session, job_id, now, settings.stale_after_s)
-    return _public(session, lifecycle.stop_job(session, job, now))
+    job = _read(session, job_id, now, settings, control)
+    return _public(session, lifecycle.stop_job(session, job, now, control))
 
 
 @router.get("/{job_id}/rounds", response_model=list[RoundSummary])
@@ -99,9 +119,18 @@ def get_topology(job_id: str, _: AdminDep, session: SessionDep) -> TopologyPubli
 
 @router.post("/{job_id}/metrics", status_code=status.HTTP_204_NO_CONTENT)
 def post_metrics(
-    job_id: str, body: RoundMetrics, device: DeviceDep, session: SessionDep, now: NowDep
+    job_id: str,
+    body: RoundMetrics,
+    device: DeviceDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> Response:
-    """Record a participant's round report; re-posting a round is a no-op."""
+    """Record a participant's round report; re-posting a round is a no-op.
+
+    A report for a round at or after the device's ``left_round`` is ignored (it left).
+    """
     job = store.get_job(session, job_id)
     row = store.participation(session, job, device)
     rounds = int(job.spec["rounds"])
@@ -111,27 +140,40 @@ def post_metrics(
             f"round {body['round']} is out of range; job {job_id!r} has rounds 1..{rounds}",
         )
     validation.validate_metrics(body, job.spec)  # type: ignore[arg-type]
-    store.record_metrics(session, row, device, body, now)
+    if row.left_round is None or body["round"] < row.left_round:
+        store.record_metrics(session, row, device, body, now)
+    lifecycle.refresh_status(session, job, now, settings, control)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{job_id}/done", status_code=status.HTTP_204_NO_CONTENT)
 def post_done(
-    job_id: str, body: DeviceDone, device: DeviceDep, session: SessionDep, now: NowDep
+    job_id: str,
+    body: DeviceDone,
+    device: DeviceDep,
+    session: SessionDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> Response:
     """Record that a participant finished; the job completes when all have."""
     validation.validate_done(body)
     job = store.get_job(session, job_id)
-    lifecycle.mark_done(session, job, store.participation(session, job, device), device, body, now)
+    row = store.participation(session, job, device)
+    lifecycle.mark_done(session, job, row, device, body, now, control)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{job_id}/decline", status_code=status.HTTP_204_NO_CONTENT)
 def post_decline(
-    job_id: str, body: DeviceDecline, device: DeviceDep, session: SessionDep, now: NowDep
+    job_id: str,
+    body: DeviceDecline,
+    device: DeviceDep,
+    session: SessionDep,
+    control: ControlDep,
+    now: NowDep,
 ) -> Response:
     """Record that a participant cannot take part (e.g. its data does not fit the model)."""
     job = store.get_job(session, job_id)
     row = store.participation(session, job, device)
-    lifecycle.mark_declined(session, job, row, device, body["reason"], now)
+    lifecycle.mark_declined(session, job, row, device, body["reason"], now, control)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

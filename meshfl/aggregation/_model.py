@@ -7,11 +7,19 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from meshfl.codecs import decode_tensor
+from meshfl.codecs import Identity, decode_tensor
 from meshfl.errors import ConfigError, WireError
 from meshfl.wire import DType, TensorEntry
 
-__all__ = ["Layout", "check_answered", "check_weights", "decode_entries", "layout_of"]
+__all__ = [
+    "Layout",
+    "check_answered",
+    "check_weights",
+    "decode_entries",
+    "identity_entries",
+    "layout_of",
+    "tracked_peers",
+]
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
 """Ordered (tensor name, shape) pairs of a model."""
@@ -107,7 +115,7 @@ def check_answered(answered: Collection[str], weights: Mapping[str, float]) -> f
 
 
 def decode_entries(
-    sender: str, tensors: Sequence[TensorEntry], layout: Layout, weights: Mapping[str, float]
+    sender: str, tensors: Sequence[TensorEntry], layout: Layout, weights: Collection[str]
 ) -> list[np.ndarray]:
     """Check a neighbour's message against the model layout and decode every tensor.
 
@@ -116,8 +124,8 @@ def decode_entries(
     Raises
     ------
     WireError
-        If ``sender`` is not a neighbour, or the tensor names (in order), shapes or
-        dtypes differ from the model.
+        If ``sender`` is not in ``weights`` (the tracked peers), or the tensor names (in
+        order), shapes or dtypes differ from the model.
     CodecError
         If a payload does not decode (unknown codec tag, malformed bytes, NaN/inf).
 
@@ -140,3 +148,27 @@ def decode_entries(
             raise WireError(f"tensor {name!r} from {sender!r} is {entry.dtype!r}, not FLOAT32")
         decoded.append(decode_tensor(entry.codec, entry.payload, shape))
     return decoded
+
+
+def identity_entries(tensors: Sequence[np.ndarray], layout: Layout) -> tuple[TensorEntry, ...]:
+    """Pack float32 tensors losslessly (identity codec): the entries of a keyframe."""
+    codec = Identity()
+    return tuple(
+        TensorEntry(name, shape, DType.FLOAT32, codec.tag, codec.encode(t))
+        for (name, shape), t in zip(layout, tensors, strict=True)
+    )
+
+
+def tracked_peers(weights: Mapping[str, float], listen: Collection[str]) -> frozenset[str]:
+    """The peers whose messages a device accepts: its neighbours plus ``listen``.
+
+    Raises
+    ------
+    ConfigError
+        If an id in ``listen`` is not a non-empty string.
+
+    """
+    for peer in listen:
+        if not isinstance(peer, str) or not peer:
+            raise ConfigError(f"peer ids must be non-empty strings, got {peer!r}")
+    return frozenset(weights) | frozenset(listen)

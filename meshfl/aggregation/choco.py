@@ -26,10 +26,12 @@ from meshfl.aggregation._model import (
     check_model,
     check_weights,
     decode_entries,
+    identity_entries,
     layout_of,
+    tracked_peers,
 )
 from meshfl.codecs import Codec, CodecPolicy, Identity
-from meshfl.errors import ConfigError
+from meshfl.errors import ConfigError, WireError
 from meshfl.wire import DType, TensorEntry
 
 KEYFRAME_BASELINE = 10
@@ -92,6 +94,7 @@ class ChocoGossip:
         "_layout",
         "_own",
         "_replicas",
+        "_tracked",
         "_weights",
         "keyframes_sent",
     )
@@ -130,6 +133,81 @@ class ChocoGossip:
 
         self._own = start()
         self._replicas = {peer: start() for peer in self._weights}
+        self._tracked = frozenset(self._weights)
+
+    def set_neighbours(
+        self, neighbours: Mapping[str, float], self_weight: float, listen: Collection[str] = ()
+    ) -> None:
+        """Switch to another row of W: a new topology version, or a time-varying graph's round.
+
+        Replicas of peers still tracked (in ``neighbours`` or ``listen``) are kept; those of
+        peers no longer tracked are dropped. A newly tracked peer has *no* replica: its
+        compressed differences are refused until its keyframe
+        (:meth:`incoming_keyframe`) arrives, and it cannot be mixed before
+        (:meth:`has_state`). The device's own replica x̂_i is unchanged.
+
+        Raises
+        ------
+        ConfigError
+            If the weights are invalid (see the class); the state is then unchanged.
+
+        """
+        weights = check_weights(neighbours, self_weight)
+        tracked = tracked_peers(weights, listen)
+        self._weights, self._tracked = weights, tracked
+        for peer in [p for p in self._replicas if p not in tracked]:
+            del self._replicas[peer]
+
+    def forget(self, peer: str) -> None:
+        """Drop what is held of ``peer`` (a gap in its messages): it needs a keyframe."""
+        self._replicas.pop(peer, None)
+
+    def mean_of(self, peers: Collection[str]) -> dict[str, np.ndarray]:
+        """Return the float32 mean of the held states of ``peers`` (a joiner's start model).
+
+        Raises
+        ------
+        ConfigError
+            If ``peers`` is empty or holds a peer without state.
+
+        """
+        held = [self._replicas[p] for p in sorted(set(peers)) if p in self._replicas]
+        if not held or len(held) != len(set(peers)):
+            raise ConfigError(f"no state held for every one of {sorted(peers)!r}")
+        return {
+            name: np.mean([h[t].astype(np.float64) for h in held], axis=0).astype(np.float32)
+            for t, (name, _) in enumerate(self._layout)
+        }
+
+    def has_state(self, peer: str) -> bool:
+        """Whether this device holds a replica of ``peer`` (it can be mixed)."""
+        return peer in self._replicas
+
+    def keyframe(self, x: Mapping[str, np.ndarray]) -> tuple[TensorEntry, ...]:
+        """Return a lossless keyframe of ``x`` and set x̂_i := x (sent as a KEYFRAME).
+
+        Receivers set their replica of this device to the keyframe
+        (:meth:`incoming_keyframe`): it (re)starts a replica that a new neighbour never
+        had, or one that lost a message. Raises ConfigError if ``x`` mismatches the layout.
+        """
+        tensors = check_model(x, self._layout)
+        self._own = [t.copy() for t in tensors]
+        self.keyframes_sent += 1
+        return identity_entries(tensors, self._layout)
+
+    def incoming_keyframe(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
+        """Set the replica of ``sender`` to its keyframe: x̂_j := x_j.
+
+        Raises
+        ------
+        WireError
+            If ``sender`` is not tracked or the layout differs.
+        CodecError
+            If a payload does not decode. On any error the state is unchanged.
+
+        """
+        decoded = decode_entries(sender, tensors, self._layout, self._tracked)
+        self._replicas[sender] = [np.array(q, dtype=np.float32) for q in decoded]
 
     @property
     def codecs(self) -> list[Codec]:
@@ -206,7 +284,9 @@ class ChocoGossip:
             If a payload does not decode. On any error the state is unchanged.
 
         """
-        decoded = decode_entries(sender, tensors, self._layout, self._weights)
+        decoded = decode_entries(sender, tensors, self._layout, self._tracked)
+        if sender not in self._replicas:
+            raise WireError(f"no replica of {sender!r} yet: its keyframe must come first")
         for replica, q in zip(self._replicas[sender], decoded, strict=True):
             replica += q
 
@@ -229,6 +309,9 @@ class ChocoGossip:
         """
         tensors = check_model(x, self._layout)
         peers = check_answered(answered, self._weights)
+        unknown = sorted(peer for peer in peers if peer not in self._replicas)
+        if unknown:
+            raise WireError(f"answered neighbours {unknown!r} have no replica yet")
         ordered = [peer for peer in self._weights if peer in peers]  # deterministic sum order
         out: dict[str, np.ndarray] = {}
         for t, ((name, _), own) in enumerate(zip(self._layout, self._own, strict=True)):

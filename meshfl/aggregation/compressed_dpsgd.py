@@ -39,7 +39,9 @@ from meshfl.aggregation._model import (
     check_model,
     check_weights,
     decode_entries,
+    identity_entries,
     layout_of,
+    tracked_peers,
 )
 from meshfl.aggregation.error_feedback import ErrorFeedback
 from meshfl.codecs import Codec, CodecPolicy
@@ -76,7 +78,15 @@ class CompressedDPSGD:
     """
 
     message_kind: ClassVar[int] = 2  # meshfl.wire.MessageKind.MODEL
-    __slots__ = ("_codecs", "_feedback", "_latest", "_layout", "_self_weight", "_weights")
+    __slots__ = (
+        "_codecs",
+        "_feedback",
+        "_latest",
+        "_layout",
+        "_self_weight",
+        "_tracked",
+        "_weights",
+    )
 
     def __init__(
         self,
@@ -97,6 +107,54 @@ class CompressedDPSGD:
         self._codecs = [policy.codec_for(name, shape) for name, shape in self._layout]
         self._feedback = ErrorFeedback(self._layout) if error_feedback else None
         self._latest: dict[str, list[np.ndarray]] = {}
+        self._tracked = frozenset(self._weights)
+
+    def set_neighbours(
+        self, neighbours: Mapping[str, float], self_weight: float, listen: Collection[str] = ()
+    ) -> None:
+        """Switch to another row of W (a topology version, or a time-varying graph's round).
+
+        The latest models of peers still tracked (in ``neighbours`` or ``listen``) are
+        kept, the others dropped. Raises ConfigError on invalid weights (state unchanged).
+        """
+        weights = check_weights(neighbours, self_weight)
+        tracked = tracked_peers(weights, listen)
+        self._weights, self._self_weight, self._tracked = weights, float(self_weight), tracked
+        for peer in [p for p in self._latest if p not in tracked]:
+            del self._latest[peer]
+
+    def forget(self, peer: str) -> None:
+        """Drop what is held of ``peer`` (a gap in its messages): it needs a keyframe."""
+        self._latest.pop(peer, None)
+
+    def mean_of(self, peers: Collection[str]) -> dict[str, np.ndarray]:
+        """Return the float32 mean of the held states of ``peers`` (a joiner's start model).
+
+        Raises
+        ------
+        ConfigError
+            If ``peers`` is empty or holds a peer without state.
+
+        """
+        held = [self._latest[p] for p in sorted(set(peers)) if p in self._latest]
+        if not held or len(held) != len(set(peers)):
+            raise ConfigError(f"no state held for every one of {sorted(peers)!r}")
+        return {
+            name: np.mean([h[t].astype(np.float64) for h in held], axis=0).astype(np.float32)
+            for t, (name, _) in enumerate(self._layout)
+        }
+
+    def has_state(self, peer: str) -> bool:
+        """Whether a model of ``peer`` has arrived (it can be mixed)."""
+        return peer in self._latest
+
+    def keyframe(self, x: Mapping[str, np.ndarray]) -> tuple[TensorEntry, ...]:
+        """Return ``x`` losslessly (identity codec); residuals are not touched."""
+        return identity_entries(check_model(x, self._layout), self._layout)
+
+    def incoming_keyframe(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
+        """Store a keyframe like any model (:meth:`incoming`)."""
+        self.incoming(sender, tensors)
 
     @property
     def error_feedback(self) -> ErrorFeedback | None:
@@ -149,7 +207,7 @@ class CompressedDPSGD:
             If a payload does not decode. On any error the state is unchanged.
 
         """
-        self._latest[sender] = decode_entries(sender, tensors, self._layout, self._weights)
+        self._latest[sender] = decode_entries(sender, tensors, self._layout, self._tracked)
 
     def mix(self, x: Mapping[str, np.ndarray], answered: Collection[str]) -> dict[str, np.ndarray]:
         """Return w_ii x_i + Σ_{answered} w_ij x̃_j + Σ_{missing} w_ij x_i (float64 sums).

@@ -19,6 +19,7 @@ from meshfl.cli.data import data_app
 from meshfl.cli.job import job_app
 from meshfl.cli.local import local
 from meshfl.cli.servers import broker_app, coordinator_app
+from meshfl.cli.topology import topology_app
 from meshfl.errors import MeshflError
 
 __all__ = ["app", "main"]
@@ -36,6 +37,7 @@ app.add_typer(broker_app, name="broker")
 app.add_typer(job_app, name="job")
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
+app.add_typer(topology_app, name="topology")
 app.command("local")(local)
 
 

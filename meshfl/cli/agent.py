@@ -33,16 +33,27 @@ def run(
     ),
     once: Annotated[bool, typer.Option(help="Exit after one job.")] = False,
     threads: Annotated[int, typer.Option(help="Torch threads for training.")] = 1,
+    slowdown: Annotated[
+        float,
+        typer.Option(
+            metavar="FACTOR",
+            help="Train FACTOR times slower (sleep after each step); for tests and benchmarks.",
+        ),
+    ] = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     """Enrol with the coordinator, connect to the broker and run the jobs assigned."""
+    import math
     import signal
     import socket
     import sys
 
     from edge_agent.daemon import AgentConfig, run_agent
     from meshfl.cli import setup_logging
+    from meshfl.errors import ConfigError
 
+    if not (math.isfinite(slowdown) and slowdown >= 1):  # before enrolling, not at the job
+        raise ConfigError(f"--slowdown must be a finite number >= 1 (got {slowdown})")
     device_name = name or socket.gethostname().split(".")[0]
     setup_logging(verbose, prefix=device_name)
     # SIGTERM ends the agent like Ctrl-C: finally-blocks publish "offline" and disconnect.
@@ -59,5 +70,6 @@ def run(
             label_column=label_column,
             once=once,
             threads=threads,
+            slowdown=slowdown,
         )
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -15,14 +16,25 @@ from meshfl.cli.options import (
     ConsensusStep,
     Deadline,
     DenseBelow,
+    Elastic,
     KeyframeGrowth,
     LearningRate,
     LocalEpochs,
+    MinBattery,
+    Mixing,
+    Mode,
+    Plan,
+    Quorum,
     Rounds,
+    Staleness,
     Topology,
+    TopologyDegree,
+    TopologyProbability,
+    TopologySeed,
+    UplinkBudget,
 )
-from meshfl.contract import RoundSummary
-from meshfl.errors import MeshflError
+from meshfl.contract import JOB_TOPOLOGIES, JobDevicePublic, RoundSummary, TopologyPublic
+from meshfl.errors import ConfigError, MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.run import DEFAULTS
 
@@ -62,15 +74,32 @@ def start(
         str | None, typer.Option(help="Test file path on the devices (default: their own).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Model seed.")] = 0,
+    degree: TopologyDegree = DEFAULTS.topology_degree,
+    probability: TopologyProbability = DEFAULTS.topology_probability,
+    topology_seed: TopologySeed = None,
+    mixing: Mixing = DEFAULTS.mixing,
+    mode: Mode = DEFAULTS.mode,
+    staleness: Staleness = DEFAULTS.staleness,
+    quorum: Quorum = DEFAULTS.quorum,
+    plan: Plan = DEFAULTS.plan,
+    uplink_budget: UplinkBudget = DEFAULTS.uplink_budget_s,
+    min_battery: MinBattery = DEFAULTS.min_battery_percent,
+    elastic: Elastic = DEFAULTS.elastic,
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
-    """Create a job and start it on the enrolled devices."""
+    """Create a job and start it on the enrolled devices.
+
+    --topology takes a kind or a JSON edge-list file {"n": N, "edges": [[i, j], ...]},
+    read here and sent as the job's custom graph (N devices take part).
+    """
     from meshfl.codecs import parse_codec
 
     client = AdminClient(coordinator, admin_token)
     codec = parse_codec(codec).spec
+    topology_fields = _topology_fields(topology)
+    label = Path(topology).stem if "custom_graph" in topology_fields else topology
     spec = {
-        "name": f"{algorithm}-{codec}-{topology}",
+        "name": f"{algorithm}-{codec}-{label}",
         "model": {
             "name": "mlp",
             "input_dim": input_dim,
@@ -79,7 +108,6 @@ def start(
         },
         "algorithm": algorithm,
         "codec": codec,
-        "topology": topology,
         "rounds": rounds,
         "learning_rate": learning_rate,
         "batch_size": batch_size,
@@ -94,7 +122,20 @@ def start(
         "keyframe_growth": keyframe_growth,
         "dense_below": dense_below,
         "byte_budget": byte_budget,
+        **topology_fields,
+        "topology_degree": degree,
+        "topology_probability": probability,
+        "mixing": mixing,
+        "mode": mode,
+        "staleness": staleness,
+        "quorum": quorum,
+        "plan": plan,
+        "uplink_budget_s": uplink_budget,
+        "min_battery_percent": min_battery,
+        "elastic": elastic,
     }
+    if topology_seed is not None:
+        spec["topology_seed"] = topology_seed
     job = client.create_job(spec)  # type: ignore[arg-type]
     try:
         job = client.start_job(job["job_id"])
@@ -132,10 +173,31 @@ def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> No
             f"  {d['name']:<16} rounds {d['rounds_reported']:>3}  final accuracy {acc}"
             f"  missing rounds {_ranges(d['missing_rounds'])}"
             + (f"  alone in rounds {_ranges(d['isolated_rounds'])}" if d["isolated_rounds"] else "")
-            + (f"  declined: {d['error']}" if d["error"] else "")
+            + (f"  joined at round {d['joined_round']}" if d["joined_round"] > 1 else "")
+            + (f"  {_why_out(d)}" if d["error"] else "")
         )
     for r in client.rounds(job_id):
         typer.echo(_line(r))
+
+
+@job_app.command("topology")
+def topology_command(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
+    """Print a job's current topology version, its spectral gap and every change so far."""
+    client = AdminClient(coordinator, admin_token)
+    topo = cast(TopologyPublic, client.topology(job_id))
+    started = client.job(job_id)["started_at"] or 0.0
+    typer.echo(
+        f"job {job_id}: {topo['kind']} topology, version {topo['version']} from round"
+        f" {topo['from_round']}\n"
+        f"  devices {len(topo['devices'])}, edges {len(topo['edges'])},"
+        f" spectral gap {topo['spectral_gap']:.4f}"
+    )
+    typer.echo(f"  {'version':>7}  {'from':>5}  {'kind':<5}  {'device':<16}  {'at':>8}  reason")
+    for e in topo["events"]:
+        typer.echo(
+            f"  {e['version']:>7}  {e['from_round']:>5}  {e['kind']:<5}"
+            f"  {e['device_id'] or '-':<16}  {e['at'] - started:>7.1f}s  {e['reason']}"
+        )
 
 
 @job_app.command("stop")
@@ -160,10 +222,29 @@ def _follow(client: AdminClient, job_id: str) -> None:
         if ended:
             for d in job["devices"]:
                 if d["error"]:
-                    typer.echo(f"{d['name']} declined: {d['error']}")
+                    typer.echo(f"{d['name']} {_why_out(d)}")
             typer.echo(f"job {job_id}: {job['status']}")
             return
         time.sleep(1.0)
+
+
+def _topology_fields(topology: str) -> dict[str, Any]:
+    """``{"topology": kind}``, or ``custom`` with the graph read from a JSON edge-list file."""
+    if topology in JOB_TOPOLOGIES and topology != "custom":
+        return {"topology": topology}
+    if not (topology.lower().endswith(".json") or Path(topology).is_file()):
+        kinds = ", ".join(k for k in JOB_TOPOLOGIES if k != "custom")
+        raise ConfigError(f"--topology {topology!r}: use one of {kinds}, or a JSON edge-list file")
+    from meshfl.topology import from_edge_list
+
+    graph = from_edge_list(topology)  # refuses a bad or disconnected file, naming it
+    edges = sorted([i, j] for i, j in graph.edges)
+    return {"topology": "custom", "custom_graph": {"n": graph.n, "edges": edges}}
+
+
+def _why_out(device: JobDevicePublic) -> str:
+    """``left: <reason>`` for a device that left mid-job, else ``declined: <reason>``."""
+    return f"{'left' if device['left_round'] is not None else 'declined'}: {device['error']}"
 
 
 def _ranges(rounds: list[int]) -> str:

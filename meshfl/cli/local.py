@@ -16,11 +16,22 @@ from meshfl.cli.options import (
     ConsensusStep,
     Deadline,
     DenseBelow,
+    Elastic,
     KeyframeGrowth,
     LearningRate,
     LocalEpochs,
+    MinBattery,
+    Mixing,
+    Mode,
+    Plan,
+    Quorum,
     Rounds,
+    Staleness,
     Topology,
+    TopologyDegree,
+    TopologyProbability,
+    TopologySeed,
+    UplinkBudget,
 )
 from meshfl.contract import RoundSummary
 from meshfl.local.run import DEFAULTS
@@ -50,12 +61,48 @@ def local(
     label_column: Annotated[str, typer.Option(help="Label column of a CSV dataset.")] = "label",
     seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("meshfl-run"),
+    degree: TopologyDegree = DEFAULTS.topology_degree,
+    probability: TopologyProbability = DEFAULTS.topology_probability,
+    topology_seed: TopologySeed = None,
+    mixing: Mixing = DEFAULTS.mixing,
+    mode: Mode = DEFAULTS.mode,
+    staleness: Staleness = DEFAULTS.staleness,
+    quorum: Quorum = DEFAULTS.quorum,
+    plan: Plan = DEFAULTS.plan,
+    uplink_budget: UplinkBudget = DEFAULTS.uplink_budget_s,
+    min_battery: MinBattery = DEFAULTS.min_battery_percent,
+    elastic: Elastic = DEFAULTS.elastic,
+    slow: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="DEVICE:FACTOR",
+            help="That agent trains FACTOR times slower (repeatable; e.g. 3:4).",
+        ),
+    ] = None,
+    link: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="DEVICE:RATE[:LATENCY]",
+            help="That agent reaches the broker over a shaped link (repeatable; 3:1mbit:200ms).",
+        ),
+    ] = None,
+    join_at: Annotated[
+        list[int] | None,
+        typer.Option(metavar="ROUND", help="One more agent starts after ROUND (repeatable)."),
+    ] = None,
+    kill: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="DEVICE@ROUND", help="SIGKILL that agent after ROUND (repeatable; 2@8)."
+        ),
+    ] = None,
 ) -> None:
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
 
     from meshfl.codecs import parse_codec
     from meshfl.errors import Interrupted
+    from meshfl.local.fleet import parse_kill, parse_link_option, parse_slow
     from meshfl.local.run import LocalConfig, run_local, validate
 
     codec = parse_codec(codec).spec  # canonical form in the banner and the report
@@ -79,6 +126,21 @@ def local(
         seed=seed,
         out=out,
         label_column=label_column,
+        topology_degree=degree,
+        topology_probability=probability,
+        topology_seed=topology_seed,
+        mixing=mixing,
+        mode=mode,
+        staleness=staleness,
+        quorum=quorum,
+        plan=plan,
+        uplink_budget_s=uplink_budget,
+        min_battery_percent=min_battery,
+        elastic=elastic,
+        slow=tuple(parse_slow(s) for s in slow or ()),
+        links=tuple(parse_link_option(s) for s in link or ()),
+        join_at=tuple(join_at or ()),
+        kill=tuple(parse_kill(s) for s in kill or ()),
     )
     validate(config)
     # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
@@ -92,7 +154,7 @@ def local(
     view = _RoundView(console)
     try:
         with view:
-            result = run_local(config, show=view.update)
+            result = run_local(config, show=view.update, notify=view.note)
     except KeyboardInterrupt:
         raise Interrupted("interrupted; every process of the run was stopped") from None
     finally:
@@ -109,7 +171,19 @@ def local(
         )
     for name, why in result.failed_agents.items():
         console.print(f"[yellow]agent {name} failed: {why}[/]")
-    missing = [d for d in result.report["devices"] if d["missing_rounds"]]
+    for event in result.report["churn"]:
+        verb = "joined" if event["event"] == "join" else "was killed"
+        console.print(f"{event['device']} {verb} after round {event['round']}")
+    topo = result.report["topology"]
+    if topo is not None:
+        console.print(
+            f"topology {topo['kind']} v{topo['version']}: {len(topo['devices'])} devices,"
+            f" spectral gap {topo['spectral_gap']:.4f}"
+        )
+    killed = {e["device"] for e in result.report["churn"] if e["event"] == "kill"}
+    missing = [
+        d for d in result.report["devices"] if d["missing_rounds"] and d["name"] not in killed
+    ]
     for d in missing:
         console.print(f"[yellow]{d['name']} missed rounds {_ranges(d['missing_rounds'])}[/]")
     console.print(
@@ -145,6 +219,10 @@ class _RoundView:
         if self.live is not None:
             self.live.__exit__(None, None, None)
             self.live = None
+
+    def note(self, line: str) -> None:
+        """A fleet event (join, kill, new topology version), printed above the table."""
+        self.console.print(f"[cyan]{line}[/]", highlight=False)
 
     def update(self, rounds: list[RoundSummary]) -> None:
         if self.live is not None:

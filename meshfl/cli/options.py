@@ -8,7 +8,10 @@ import typer
 
 Topology = Annotated[
     str,
-    typer.Option(help="ring, complete, star, exponential, torus, small-world or erdos-renyi."),
+    typer.Option(
+        help="ring, torus, exponential, one-peer-exponential, random-regular, erdos-renyi,"
+        " small-world, star, complete, or a path to a JSON edge list {n, edges}."
+    ),
 ]
 Algorithm = Annotated[str, typer.Option(help="choco (CHOCO-SGD, compressed) or dpsgd.")]
 CodecSpec = Annotated[
@@ -30,3 +33,48 @@ LearningRate = Annotated[float, typer.Option(help="SGD learning rate.")]
 BatchSize = Annotated[int, typer.Option(help="Minibatch size.")]
 LocalEpochs = Annotated[int, typer.Option(help="Local epochs per round.")]
 Deadline = Annotated[float, typer.Option(help="Round deadline in seconds.")]
+
+# Topology, round and planning options (issue 4).
+TopologyDegree = Annotated[
+    int, typer.Option("--degree", help="random-regular degree, small-world lattice degree k.")
+]
+TopologyProbability = Annotated[
+    float,
+    typer.Option("--probability", help="erdos-renyi edge / small-world rewiring probability."),
+]
+TopologySeed = Annotated[
+    int | None,
+    typer.Option("--topology-seed", help="Seed of the random topologies (default: --seed)."),
+]
+Mixing = Annotated[
+    str, typer.Option("--mixing", help="Mixing weights: metropolis-hastings or max-degree.")
+]
+Mode = Annotated[
+    str,
+    typer.Option("--mode", help="sync (rounds wait for the quorum) or async (bounded staleness)."),
+]
+Staleness = Annotated[
+    int, typer.Option("--staleness", help="async: oldest usable neighbour lag τ, in rounds.")
+]
+Quorum = Annotated[
+    float,
+    typer.Option("--quorum", help="sync: proceed once this share of the neighbours answered."),
+]
+Plan = Annotated[
+    bool, typer.Option("--plan/--no-plan", help="Capability-aware planning of work and codecs.")
+]
+UplinkBudget = Annotated[
+    float,
+    typer.Option(
+        "--uplink-budget", help="Planner: seconds of uplink per message (sets byte budgets)."
+    ),
+]
+MinBattery = Annotated[
+    float,
+    typer.Option(
+        "--min-battery", help="Devices below this battery % (not charging) sit out; 0: off."
+    ),
+]
+Elastic = Annotated[
+    bool, typer.Option("--elastic/--no-elastic", help="Admit idle devices that appear mid-job.")
+]

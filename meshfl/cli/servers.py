@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from edge_agent.transport.mqtt import MqttTransport
 
 coordinator_app = typer.Typer(help="The fleet's control plane (FastAPI).", no_args_is_help=True)
 broker_app = typer.Typer(help="The embedded MQTT broker (amqtt).", no_args_is_help=True)
@@ -31,7 +34,9 @@ def coordinator_serve(
     """Serve the coordinator's REST API (OpenAPI docs at /docs).
 
     Every option can also be set by an environment variable MESHFL_COORDINATOR_<NAME>
-    (e.g. MESHFL_COORDINATOR_DB_URL); without --broker-url devices need --broker.
+    (e.g. MESHFL_COORDINATOR_DB_URL); without --broker-url devices need --broker. With
+    --broker-url the coordinator also publishes each topology version, retained, on the
+    fleet's control topic (meshfl/v1/FLEET/control).
     """
     import socket
 
@@ -55,7 +60,48 @@ def coordinator_serve(
         "admin_token": admin_token,
     }
     settings = CoordinatorSettings(**{k: v for k, v in overrides.items() if v is not None})
-    serve(settings, host=host, port=port)
+    transport = _control_transport(settings.broker_url, settings.fleet)
+    if transport is None:
+        serve(settings, host=host, port=port)
+        return
+
+    def publish(topic: str, payload: bytes) -> None:
+        transport.publish(topic, payload, qos=1, retain=True)
+
+    try:
+        serve(settings, host=host, port=port, publish=publish)
+    finally:
+        transport.flush(2.0)
+        transport.close()
+
+
+def _control_transport(broker_url: str | None, fleet: str) -> MqttTransport | None:
+    """Connect the coordinator's control-topic publisher (``None``: no broker, or it failed).
+
+    The client id is ``coordinator-{fleet}``; once connected, the transport reconnects by
+    itself. A broker that cannot be reached now only costs the push: agents also poll the
+    REST API every round, so the coordinator warns and runs without it.
+    """
+    if not broker_url:
+        return None
+    from meshfl.errors import MeshflError
+
+    try:
+        from edge_agent.transport.mqtt import MqttTransport
+
+        transport = MqttTransport(broker_url, connect_timeout_s=5.0)
+        transport.connect(f"coordinator-{fleet}")
+    except ImportError as exc:  # a coordinator-only install has no MQTT client
+        typer.echo(f"warning: no control-topic push ({exc}; install paho-mqtt)", err=True)
+        return None
+    except MeshflError as exc:
+        typer.echo(
+            f"warning: no control-topic push ({exc}); agents will learn topology changes by"
+            " polling",
+            err=True,
+        )
+        return None
+    return transport
 
 
 @broker_app.command("serve")

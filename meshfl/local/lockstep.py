@@ -120,7 +120,7 @@ def run_lockstep(
     from edge_agent.trainer import Trainer
     from meshfl.aggregation import ChocoGossip, CompressedDPSGD, DPSGDGossip, GossipAlgorithm
     from meshfl.codecs import CodecPolicy, parse_codec
-    from meshfl.topology import build_graph, metropolis_hastings
+    from meshfl.topology import build_graph, exponential, metropolis_hastings
     from models.datasets import dirichlet_partition, split_dataset_file
 
     scheme = config.algorithm if gossip is None else gossip
@@ -150,7 +150,10 @@ def run_lockstep(
         )
         for i in range(n)
     ]
-    graph = build_graph(config.topology, n)
+    time_varying = config.topology == "one-peer-exponential"
+    # A time-varying graph: every device hears the union (the exponential graph) and
+    # mixes with round r's matching, as the agents do (edge_agent/versions.py).
+    graph = exponential(n) if time_varying else build_graph(config.topology, n)
     w = metropolis_hastings(graph)
     ids = [f"device-{i}" for i in range(n)]
     x0 = trainers[0].params()
@@ -177,7 +180,15 @@ def run_lockstep(
             )  # fmt: skip
     result = LockstepResult()
     start = time.perf_counter()
-    for _ in range(config.rounds):
+    for round_ in range(1, config.rounds + 1):
+        mixing = graph
+        if time_varying:
+            mixing = build_graph(config.topology, n, round_=round_)
+            w_r = metropolis_hastings(mixing)
+            for i in range(n):
+                row = {ids[j]: float(w_r[i, j]) for j in mixing.neighbours(i)}
+                listen = [ids[j] for j in graph.neighbours(i)]
+                algorithms[i].set_neighbours(row, float(w_r[i, i]), listen=listen)
         params = []
         for i, trainer in enumerate(trainers):
             trainer.train(split.x_train[parts[i]], split.y_train[parts[i]])
@@ -187,7 +198,7 @@ def run_lockstep(
             for j in graph.neighbours(i):
                 algorithms[i].incoming(ids[j], messages[j])
         for i, trainer in enumerate(trainers):
-            answered = {ids[j] for j in graph.neighbours(i)}
+            answered = {ids[j] for j in mixing.neighbours(i)}
             trainer.set_params(algorithms[i].mix(params[i], answered))
         accuracy = [t.evaluate(split.x_test, split.y_test)[0] for t in trainers]
         result.mean_accuracy.append(float(np.mean(accuracy)))

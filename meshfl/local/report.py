@@ -1,14 +1,155 @@
-"""Write a local run's ``report.json`` and its plot ``report.png``."""
+"""Build and write a local run's ``report.json`` and its plot ``report.png``."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["write_report"]
+from meshfl.contract import JobPublic, RoundSummary
+
+if TYPE_CHECKING:
+    from meshfl.local.run import LocalConfig
+    from meshfl.local.shaping import ShapingProxy
+
+__all__ = ["TARGETS", "build_report", "write_report"]
+
+_MEASURED = ("train_samples_per_s", "broker_rtt_s", "uplink_bytes_per_s", "downlink_bytes_per_s")
+
+TARGETS = (0.80, 0.85, 0.90)
+"""Mean test accuracies whose first round, elapsed seconds and bytes the report gives."""
+
+
+def build_report(
+    config: LocalConfig,
+    job: JobPublic,
+    rounds: list[RoundSummary],
+    wall_s: float,
+    failed: Mapping[str, str],
+    *,
+    topology: Mapping[str, Any] | None = None,
+    churn: Sequence[Mapping[str, Any]] = (),
+    links: Mapping[str, ShapingProxy] | None = None,
+    profiles: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The ``report.json`` document of a local run.
+
+    Parameters
+    ----------
+    config, job, rounds, wall_s, failed
+        The options, the job at the end, its round summaries, the run's wall-clock
+        seconds, and ``{agent name: why}`` for agents that failed.
+    topology : mapping, optional
+        The job's topology at the end (``GET /jobs/{id}/topology``); reported without
+        the mixing matrix, device ids replaced by names.
+    churn : sequence of dict
+        ``{"event": "join" | "kill", "device", "round", "at_s"}`` (see
+        :class:`meshfl.local.fleet.Churn`).
+    links : mapping of str to ShapingProxy, optional
+        The shaped links by device name: their spec and the bytes they carried.
+    profiles : mapping of str to CapabilityProfile, optional
+        The latest capability profile by device id; each device's entry gets its
+        measured ``train_samples_per_s``, ``broker_rtt_s``, ``uplink_bytes_per_s`` and
+        ``downlink_bytes_per_s`` (None where unmeasured).
+
+    """
+    names = {d["device_id"]: d["name"] for d in job["devices"]}
+    devices = [
+        {
+            "id": d["device_id"],
+            "name": d["name"],
+            "index": d["index"],
+            "final_accuracy": d["final_accuracy"],
+            "bytes_sent": d["bytes_sent"],
+            "bytes_received": d["bytes_received"],
+            "missing_rounds": d["missing_rounds"],
+            "isolated_rounds": d["isolated_rounds"],
+            "joined_round": d.get("joined_round", 1),
+            "left_round": d.get("left_round"),
+            "failed": failed.get(d["name"]) or d["error"],
+            "profile": {k: (profiles or {}).get(d["device_id"], {}).get(k) for k in _MEASURED},
+        }
+        for d in job["devices"]
+    ]
+    last = rounds[-1] if rounds else None
+    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    return {
+        "config": cfg,
+        "job_id": job["job_id"],
+        "status": job["status"],
+        "rounds": [
+            {
+                "round": r["round"],
+                "mean_accuracy": r["mean_accuracy"],
+                "min_accuracy": r["min_accuracy"],
+                "consensus_distance": r["consensus_distance"],
+                "bytes_sent": r["bytes_sent"],
+                "bytes_received": r["bytes_received"],
+                "elapsed_s": r["elapsed_s"],
+                "devices_reporting": r["devices_reporting"],
+                "missing_devices": [names.get(i, i) for i in r["missing_devices"]],
+            }
+            for r in rounds
+        ],
+        "devices": devices,
+        "final": {
+            "mean_accuracy": last["mean_accuracy"] if last else None,
+            "min_accuracy": last["min_accuracy"] if last else None,
+            "rounds_completed": len(rounds),
+            "bytes_sent_total": sum(r["bytes_sent"] for r in rounds),
+            "bytes_received_total": sum(r["bytes_received"] for r in rounds),
+            "wall_s": wall_s,
+        },
+        "time_to_accuracy": _time_to_accuracy(rounds),
+        "topology": None if topology is None else topology_summary(topology, names),
+        "churn": [dict(event) for event in churn],
+        "links": [
+            {"device": name, "link": spec, "bytes_up": p.bytes_up, "bytes_down": p.bytes_down}
+            for name, spec, p in _links(config, links or {})
+        ],
+    }
+
+
+def topology_summary(topology: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """The report's view of a ``TopologyPublic``: no mixing matrix, devices by name."""
+    return {
+        "kind": topology["kind"],
+        "version": topology.get("version", 1),
+        "from_round": topology.get("from_round", 1),
+        "spectral_gap": topology["spectral_gap"],
+        "devices": [names.get(d, d) for d in topology["devices"]],
+        "edges": [list(edge) for edge in topology["edges"]],
+        "events": [
+            {**event, "device": names.get(event["device_id"] or "", event["device_id"])}
+            for event in topology.get("events", [])
+        ],
+    }
+
+
+def _links(
+    config: LocalConfig, proxies: Mapping[str, ShapingProxy]
+) -> list[tuple[str, str, ShapingProxy]]:
+    from meshfl.local.fleet import device_name
+
+    specs = {device_name(name, "--link"): spec for name, spec in config.links}
+    return [(name, specs.get(name, ""), proxy) for name, proxy in proxies.items()]
+
+
+def _time_to_accuracy(rounds: list[RoundSummary]) -> dict[str, dict[str, float] | None]:
+    reached: dict[str, dict[str, float] | None] = {f"{t:.2f}": None for t in TARGETS}
+    sent = 0
+    for r in rounds:
+        sent += r["bytes_sent"]
+        for target in TARGETS:
+            key = f"{target:.2f}"
+            if reached[key] is None and r["mean_accuracy"] >= target:
+                reached[key] = {"round": r["round"], "elapsed_s": r["elapsed_s"],
+                                "bytes_sent": sent}  # fmt: skip
+    return reached
 
 
 def write_report(out: Path, report: dict[str, Any]) -> tuple[Path, Path | None]:

@@ -12,23 +12,37 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from meshfl.contract import JOB_TOPOLOGIES, JobPublic, JobSpec, RoundSummary
+from meshfl.contract import JobPublic, JobSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
-from meshfl.local.admin import AdminClient, settled_rounds
-from meshfl.local.processes import Supervisor, free_port, wait_for_port
+from meshfl.local.admin import AdminClient
+from meshfl.local.fleet import Churn, device_name, start_links
+from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
+from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
+from meshfl.local.report import build_report, write_report
+from meshfl.local.shaping import ShapingProxy
+from meshfl.local.validation import is_graph_file, validate
 
-__all__ = ["LocalConfig", "LocalRun", "run_local"]
+__all__ = ["LocalConfig", "LocalRun", "run_local", "validate"]
 
 
 @dataclass(frozen=True)
 class LocalConfig:
-    """Options of ``meshfl local`` (defaults: workload W1, CHOCO-SGD with top-k)."""
+    """Options of ``meshfl local`` (defaults: workload W1, CHOCO-SGD with top-k).
+
+    Most fields are the ``JobSpec``'s (``topology`` may also be a path to a JSON edge
+    list, sent as ``custom_graph``; ``topology_seed`` None means ``seed``;
+    ``min_battery_percent`` 0 turns the battery rule off; ``elastic`` is implied by
+    ``join_at``). The per-device fields (:mod:`meshfl.local.fleet`) name devices
+    ``"device-3"`` (or ``"3"``): ``slow`` ``(device, factor ≥ 1)`` pairs, ``links``
+    ``(device, "RATE[:LATENCY]")`` pairs, ``join_at`` the rounds after which one more
+    agent starts, ``kill`` ``(device, round)`` pairs.
+    """
 
     agents: int = 8
     rounds: int = 30
@@ -51,6 +65,21 @@ class LocalConfig:
     out: Path = Path("meshfl-run")
     label_column: str = "label"
     sketch_dim: int = 256
+    topology_degree: int = 4
+    topology_probability: float = 0.3
+    topology_seed: int | None = None
+    mixing: str = "metropolis-hastings"
+    mode: str = "sync"
+    staleness: int = 2
+    quorum: float = 1.0
+    plan: bool = False
+    uplink_budget_s: float = 0.05
+    min_battery_percent: float = 0.0
+    elastic: bool = False
+    slow: tuple[tuple[str, float], ...] = ()
+    links: tuple[tuple[str, str], ...] = ()
+    join_at: tuple[int, ...] = ()
+    kill: tuple[tuple[str, int], ...] = ()
 
 
 DEFAULTS = LocalConfig()
@@ -66,13 +95,11 @@ class LocalRun:
     failed_agents: dict[str, str] = field(default_factory=dict)
 
 
-RoundHook = Callable[[RoundSummary, Supervisor], None]
-
-
 def run_local(
     config: LocalConfig,
     on_round: RoundHook | None = None,
     show: Callable[[list[RoundSummary]], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> LocalRun:
     """Run one job on a local fleet and return its report.
 
@@ -85,6 +112,9 @@ def run_local(
         agent mid-run).
     show
         Called with all round summaries whenever a new one arrives (the live table).
+    notify
+        Called with one line per fleet event: an agent joining or killed
+        (``join_at``/``kill``), a new topology version.
 
     Raises
     ------
@@ -110,28 +140,40 @@ def run_local(
     _check_codec_policy(spec)
     supervisor = Supervisor(out / "logs")
     started = time.monotonic()
+    hooks = Hooks(on_round, show, notify)
     admin: AdminClient | None = None
+    proxies: dict[str, ShapingProxy] = {}
     try:
         broker_url = config.broker or _start_broker(supervisor)
+        proxies = start_links(config, broker_url)
         enrol_token = secrets.token_urlsafe(16)
         url, admin = _start_coordinator(supervisor, out, broker_url, enrol_token)
-        for i, path in enumerate(device_files):
-            supervisor.start(
-                f"device-{i}",
+        slow = {device_name(name, "--slow"): factor for name, factor in config.slow}
+
+        def start_agent(name: str) -> Child:
+            proxy = proxies.get(name)
+            broker = [] if proxy is None else ["--broker", f"mqtt://127.0.0.1:{proxy.port}"]
+            slowdown = [] if name not in slow else ["--slowdown", repr(slow[name])]
+            return supervisor.start(
+                name,
                 [
                     "agent", "run", "--coordinator", url, "--token", enrol_token,
-                    "--data", str(path), "--name", f"device-{i}",
+                    "--data", str(device_files[int(name.split("-")[1])]), "--name", name,
                     "--out", str(out / "models"), "--once",
-                    "--label-column", config.label_column,
+                    "--label-column", config.label_column, *broker, *slowdown,
                 ],
             )  # fmt: skip
+
+        for i in range(config.agents):
+            start_agent(f"device-{i}")
         _wait_for_enrolment(admin, supervisor, config.agents)
         job = admin.create_job(spec)
         job = admin.start_job(job["job_id"])
+        churn = Churn(config, start_agent)
         try:
-            final_job, rounds, failed = _monitor(admin, supervisor, job, config, on_round, show)
+            final_job, rounds, failed = monitor(admin, supervisor, job, config, hooks, churn)
         except KeyboardInterrupt:
-            raise _interrupted(config, admin, job, started) from None
+            raise _interrupted(config, admin, job, started, churn, proxies) from None
         declined = [d for d in final_job["devices"] if d["error"]]
         if not rounds and declined:
             raise MeshflError(
@@ -141,29 +183,40 @@ def run_local(
         if not rounds and failed:
             name, why = next(iter(failed.items()))
             raise MeshflError(f"no round completed: agent {name} failed ({why})")
-        report = build_report(config, final_job, rounds, time.monotonic() - started, failed)
+        report = build_report(
+            config, final_job, rounds, time.monotonic() - started, failed,
+            topology=admin.topology(job["job_id"]), churn=churn.events, links=proxies,
+            profiles={d["device_id"]: d["profile"] for d in admin.devices()},
+        )  # fmt: skip
     finally:
         if admin is not None:
             admin.close()
         supervisor.stop_all()
-    from meshfl.local.report import write_report
-
+        for proxy in proxies.values():
+            proxy.stop()
     report_path, plot_path = write_report(out, report)
     return LocalRun(report, report_path, plot_path, failed)
 
 
 def _interrupted(
-    config: LocalConfig, admin: AdminClient, job: JobPublic, started: float
+    config: LocalConfig,
+    admin: AdminClient,
+    job: JobPublic,
+    started: float,
+    churn: Churn,
+    proxies: dict[str, ShapingProxy],
 ) -> Interrupted:
     """Stop the job, write the partial report, and say so (the caller stops the processes)."""
-    from meshfl.local.report import write_report
-
     try:
         final_job = admin.stop_job(job["job_id"])
         rounds = admin.rounds(job["job_id"])
+        topology = admin.topology(job["job_id"])
     except MeshflError:
         return Interrupted("interrupted; every process of the run was stopped")
-    report = build_report(config, final_job, rounds, time.monotonic() - started, {})
+    report = build_report(
+        config, final_job, rounds, time.monotonic() - started, {},
+        topology=topology, churn=churn.events, links=proxies,
+    )  # fmt: skip
     report["status"] = "interrupted"
     path, _ = write_report(config.out, report)
     return Interrupted(
@@ -172,60 +225,8 @@ def _interrupted(
     )
 
 
-MAX_AGENTS = 64
-"""One process per agent (≈ 250 MB each with torch): past this, use a real fleet."""
-
-
-def validate(config: LocalConfig) -> None:
-    """Check the options before anything starts.
-
-    Raises
-    ------
-    meshfl.errors.ConfigError
-        An option is out of range; the message names it and the valid range.
-
-    """
-    import math
-
-    if not 2 <= config.agents <= MAX_AGENTS:
-        raise ConfigError(f"--agents must be between 2 and {MAX_AGENTS} (got {config.agents})")
-    for name, value in (("--rounds", config.rounds), ("--batch-size", config.batch_size),
-                        ("--local-epochs", config.local_epochs)):  # fmt: skip
-        if value < 1:
-            raise ConfigError(f"{name} must be at least 1 (got {value})")
-    for name, number in (("--learning-rate", config.learning_rate), ("--alpha", config.alpha),
-                         ("--deadline", config.round_deadline_s)):  # fmt: skip
-        if not (math.isfinite(number) and number > 0):
-            raise ConfigError(f"{name} must be a positive number (got {number})")
-    growth = config.keyframe_growth
-    if not (math.isfinite(growth) and (growth == 0 or growth > 1)):
-        raise ConfigError(f"--keyframe-growth must be 0 (off) or > 1 (got {growth})")
-    if not (math.isfinite(config.consensus_step) and 0 < config.consensus_step <= 1):
-        raise ConfigError(f"--consensus-step must be in (0, 1] (got {config.consensus_step})")
-    if config.algorithm not in ("choco", "dpsgd"):
-        raise ConfigError(f"--algorithm must be choco or dpsgd (got {config.algorithm!r})")
-    from meshfl.codecs import parse_codec
-    from meshfl.topology import build_graph
-
-    parse_codec(config.codec)
-    if config.topology not in JOB_TOPOLOGIES:
-        raise ConfigError(f"--topology {config.topology!r}: use one of {', '.join(JOB_TOPOLOGIES)}")
-    build_graph(config.topology, config.agents)
-    if config.broker is not None:
-        from edge_agent.transport.mqtt import parse_broker_url
-
-        parse_broker_url(config.broker)
-    if config.dense_below < 0 or config.byte_budget < 0:
-        raise ConfigError("--dense-below and --byte-budget must be >= 0")
-    if config.byte_budget and parse_codec(config.codec).name not in ("topk", "randk"):
-        raise ConfigError(
-            "--byte-budget sets a sparsifier's density: use --codec topk:D or randk:D"
-        )
-    if config.algorithm == "dpsgd" and parse_codec(config.codec).spec not in ("identity",):
-        raise ConfigError("--algorithm dpsgd sends whole models: use --codec identity")
-
-
 def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
+    """Partition the training set over the agents and the ``join_at`` joiners, in order."""
     from models.datasets import (
         dirichlet_partition,
         load_digits_split,
@@ -233,6 +234,7 @@ def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
         write_partition,
     )
 
+    devices = config.agents + len(config.join_at)
     if config.dataset == "digits":
         split = load_digits_split(config.seed)
     else:
@@ -242,10 +244,10 @@ def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
                 f"--dataset {config.dataset!r} is neither 'digits' nor an existing .npz/.csv file"
             )
         split = split_dataset_file(
-            path, config.agents, config.alpha, config.seed, label_column=config.label_column
+            path, devices, config.alpha, config.seed, label_column=config.label_column
         )
         _check_labels(path, split.x_train, np.concatenate([split.y_train, split.y_test]))
-    parts = dirichlet_partition(split.y_train, config.agents, config.alpha, config.seed)
+    parts = dirichlet_partition(split.y_train, devices, config.alpha, config.seed)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise ConfigError(
@@ -323,21 +325,11 @@ def _start_coordinator(
     return url, AdminClient(url, admin_token)
 
 
-def _agents(supervisor: Supervisor) -> list[Any]:
-    return [c for c in supervisor.children if c.name.startswith("device-")]
-
-
-def _check_servers(supervisor: Supervisor) -> None:
-    for child in supervisor.children:
-        if child.name in ("broker", "coordinator") and child.returncode is not None:
-            raise MeshflError(f"the {child.name} exited unexpectedly ({child.describe_exit()})")
-
-
 def _wait_for_enrolment(admin: AdminClient, supervisor: Supervisor, n: int) -> None:
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
-        _check_servers(supervisor)
-        for child in _agents(supervisor):
+        check_servers(supervisor)
+        for child in agents(supervisor):
             if child.returncode is not None:
                 raise MeshflError(f"agent {child.name} failed at start-up: {child.last_line()}")
         if len(admin.devices()) >= n:
@@ -353,7 +345,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
     classes = int(y.max()) + 1
     if config.dataset == "digits":
         classes = 10
-    return {
+    spec: JobSpec = {
         "name": f"local-{Path(config.dataset).stem}",
         "model": {"name": "mlp", "input_dim": int(x.shape[1]), "num_classes": classes,
                   "hidden": [64]},
@@ -375,120 +367,27 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "dense_below": config.dense_below,
         "byte_budget": config.byte_budget,
     }  # fmt: skip
+    if is_graph_file(config.topology):
+        from meshfl.topology import from_edge_list
 
-
-def _monitor(
-    admin: AdminClient,
-    supervisor: Supervisor,
-    job: JobPublic,
-    config: LocalConfig,
-    on_round: RoundHook | None,
-    show: Callable[[list[RoundSummary]], None] | None,
-) -> tuple[JobPublic, list[RoundSummary], dict[str, str]]:
-    job_id = job["job_id"]
-    seen = 0
-    failed: dict[str, str] = {}
-    last_progress = time.monotonic()
-    stall_s = 4 * config.round_deadline_s + 60.0
-    while True:
-        _check_servers(supervisor)
-        agents = _agents(supervisor)
-        rounds = settled_rounds(
-            admin.rounds(job_id), sum(c.returncode in (None, 0) for c in agents)
-        )
-        if len(rounds) > seen:
-            for summary in rounds[seen:]:
-                if on_round is not None:
-                    on_round(summary, supervisor)
-            seen = len(rounds)
-            last_progress = time.monotonic()
-            if show is not None:
-                show(rounds)
-        for child in agents:
-            code = child.returncode
-            if code not in (None, 0) and child.name not in failed:
-                failed[child.name] = child.describe_exit()
-        job = admin.job(job_id)
-        if job["status"] != "running" or all(c.returncode is not None for c in agents):
-            rounds = admin.rounds(job_id)
-            if show is not None and len(rounds) > seen:
-                show(rounds)
-            if job["status"] == "running":
-                job = admin.stop_job(job_id)
-            return job, rounds, failed
-        if time.monotonic() - last_progress > stall_s:
-            raise MeshflError(
-                f"no round finished for {stall_s:.0f} s; see the logs in {supervisor.log_dir}"
-            )
-        time.sleep(0.3)
-
-
-TARGETS = (0.80, 0.85, 0.90)
-"""Mean test accuracies whose first round, elapsed seconds and bytes the report gives."""
-
-
-def build_report(
-    config: LocalConfig,
-    job: JobPublic,
-    rounds: list[RoundSummary],
-    wall_s: float,
-    failed: dict[str, str],
-) -> dict[str, Any]:
-    """The ``report.json`` document of a local run."""
-    devices = [
-        {
-            "id": d["device_id"],
-            "name": d["name"],
-            "index": d["index"],
-            "final_accuracy": d["final_accuracy"],
-            "bytes_sent": d["bytes_sent"],
-            "bytes_received": d["bytes_received"],
-            "missing_rounds": d["missing_rounds"],
-            "isolated_rounds": d["isolated_rounds"],
-            "failed": failed.get(d["name"]) or d["error"],
-        }
-        for d in job["devices"]
-    ]
-    names = {d["device_id"]: d["name"] for d in job["devices"]}
-    last = rounds[-1] if rounds else None
-    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-    reached: dict[str, dict[str, float] | None] = {}
-    sent = 0
-    for target in TARGETS:
-        reached[f"{target:.2f}"] = None
-    for r in rounds:
-        sent += r["bytes_sent"]
-        for target in TARGETS:
-            key = f"{target:.2f}"
-            if reached[key] is None and r["mean_accuracy"] >= target:
-                reached[key] = {"round": r["round"], "elapsed_s": r["elapsed_s"],
-                                "bytes_sent": sent}  # fmt: skip
-    return {
-        "config": cfg,
-        "job_id": job["job_id"],
-        "status": job["status"],
-        "rounds": [
-            {
-                "round": r["round"],
-                "mean_accuracy": r["mean_accuracy"],
-                "min_accuracy": r["min_accuracy"],
-                "consensus_distance": r["consensus_distance"],
-                "bytes_sent": r["bytes_sent"],
-                "bytes_received": r["bytes_received"],
-                "elapsed_s": r["elapsed_s"],
-                "devices_reporting": r["devices_reporting"],
-                "missing_devices": [names.get(i, i) for i in r["missing_devices"]],
-            }
-            for r in rounds
-        ],
-        "devices": devices,
-        "final": {
-            "mean_accuracy": last["mean_accuracy"] if last else None,
-            "min_accuracy": last["min_accuracy"] if last else None,
-            "rounds_completed": len(rounds),
-            "bytes_sent_total": sum(r["bytes_sent"] for r in rounds),
-            "bytes_received_total": sum(r["bytes_received"] for r in rounds),
-            "wall_s": wall_s,
-        },
-        "time_to_accuracy": reached,
+        graph = from_edge_list(config.topology)
+        spec["topology"] = "custom"
+        spec["custom_graph"] = {"n": graph.n, "edges": sorted(graph.edges)}
+    # The issue-4 keys go in only when they differ from the contract's defaults.
+    optional: dict[str, Any] = {
+        "topology_degree": config.topology_degree,
+        "topology_probability": config.topology_probability,
+        "topology_seed": config.topology_seed,
+        "mixing": config.mixing,
+        "mode": config.mode,
+        "staleness": config.staleness,
+        "quorum": config.quorum,
+        "plan": config.plan,
+        "uplink_budget_s": config.uplink_budget_s,
+        "min_battery_percent": config.min_battery_percent,
+        "elastic": config.elastic or bool(config.join_at),
     }
+    for key, value in optional.items():
+        if value != getattr(DEFAULTS, key) and value is not None:
+            spec[key] = value  # type: ignore[literal-required]
+    return spec

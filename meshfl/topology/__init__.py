@@ -1,5 +1,6 @@
-"""Topologies: graphs, mixing matrices (Metropolis–Hastings, max-degree), spectral gap."""
+"""Topologies: graphs, mixing matrices (Metropolis–Hastings, max-degree), spectral gap, churn."""
 
+from meshfl.topology.churn import add_node, remove_node
 from meshfl.topology.graphs import (
     TOPOLOGIES,
     Graph,
@@ -28,6 +29,7 @@ __all__ = [
     "MIXING_RULES",
     "TOPOLOGIES",
     "Graph",
+    "add_node",
     "build_graph",
     "check_mixing_matrix",
     "complete",
@@ -38,6 +40,7 @@ __all__ = [
     "mixing_matrix",
     "one_peer_exponential",
     "random_regular",
+    "remove_node",
     "ring",
     "small_world",
     "spectral_gap",

@@ -154,3 +154,28 @@ def test_a_killed_agent_does_not_hang_the_others(tmp_path: Path) -> None:
     assert all(d["missing_rounds"] == [] for d in others)
     assert "device-1" in result.failed_agents
     assert report["final"]["wall_s"] < 120  # the Last Will ends the wait, not 4 deadlines
+
+
+def test_a_slowed_agent_and_a_shaped_link_are_measured_as_such(tmp_path: Path) -> None:
+    config = LocalConfig(
+        agents=3,
+        rounds=3,
+        slow=(("device-1", 4.0),),
+        links=(("device-2", "1mbit:200ms"),),
+        out=tmp_path / "run",
+    )
+
+    result = run_local(config)
+
+    report = result.report
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
+    profile = {d["name"]: d["profile"] for d in report["devices"]}
+    # device-1 sleeps 3x each step's time: it cannot train at even half the others' rate
+    fastest = max(profile[n]["train_samples_per_s"] for n in ("device-0", "device-2"))
+    assert profile["device-1"]["train_samples_per_s"] < 0.5 * fastest
+    # device-2's broker traffic crosses a 1 Mbit/s, 200 ms link (physical bounds)
+    assert profile["device-2"]["broker_rtt_s"] >= 0.19
+    assert profile["device-2"]["uplink_bytes_per_s"] < 2 * 125_000
+    (link,) = report["links"]
+    assert link["device"] == "device-2" and link["link"] == "1mbit:200ms"
+    assert link["bytes_up"] > 0 and link["bytes_down"] > 0

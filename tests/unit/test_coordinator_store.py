@@ -65,6 +65,36 @@ def test_a_0001_store_upgrades_to_profile_history_keeping_its_devices(tmp_path: 
     assert diff == [] and names == ["pi"] and samples == 0
 
 
+def test_a_0002_store_upgrades_to_churn_keeping_its_participations(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    upgrade(engine, "0002")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO devices (id, name, fleet, token_hash, profile, enrolled_at, last_seen)"
+                " VALUES ('dev-1', 'pi', 'lab', 'x', '{}', 1.0, 2.0)"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, spec, status, created_at, topology)"
+                " VALUES ('job-1', '{}', 'completed', 1.0, '{\"kind\": \"ring\"}')"
+            )
+        )
+        conn.execute(
+            sa.text(
+                'INSERT INTO job_devices (job_id, device_id, "index", done, last_activity)'
+                " VALUES ('job-1', 'dev-1', 0, 1, 3.0)"
+            )
+        )
+    upgrade(engine)
+    diff = schema_diff(engine)
+    with engine.connect() as conn:
+        rows = list(conn.execute(sa.text("SELECT joined_round, left_round FROM job_devices")))
+    engine.dispose()
+    assert diff == [] and [tuple(r) for r in rows] == [(1, None)]
+
+
 def test_in_memory_sqlite_works_for_a_whole_app() -> None:
     settings = CoordinatorSettings(db_url="sqlite://", enrol_token="e", admin_token="a")
     with TestClient(create_app(settings)) as client:
@@ -167,6 +197,17 @@ def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> 
             fleet = client.get("/api/v1/devices/profiles?min_cores=3", headers=auth).json()
             job = client.get(f"/api/v1/jobs/{job_id}", headers=auth).json()
             rounds = client.get(f"/api/v1/jobs/{job_id}/rounds", headers=auth).json()
+            # Churn on PostgreSQL: a device low on battery leaves (the job row is locked).
+            churn_spec = {**spec, "rounds": 5, "min_battery_percent": 20.0, "elastic": True}
+            churn_id = client.post("/api/v1/jobs", json=churn_spec, headers=auth).json()["job_id"]
+            client.post(f"/api/v1/jobs/{churn_id}/start", headers=auth)
+            client.put(
+                f"/api/v1/devices/{first['device_id']}/profile",
+                json={"battery_percent": 5.0, "charging": False},
+                headers=own,
+            )
+            churned = client.get(f"/api/v1/jobs/{churn_id}/topology", headers=auth).json()
+            left = client.get(f"/api/v1/jobs/{churn_id}", headers=auth).json()
     finally:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
@@ -176,3 +217,6 @@ def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> 
     assert [r["devices_reporting"] for r in rounds] == [3]
     assert [h["profile"]["cores"] for h in history] == [3, 2]  # pruned to the latest 2
     assert [d["device_id"] for d in fleet] == [first["device_id"]]
+    assert churned["version"] == 2 and first["device_id"] not in churned["devices"]
+    gone = next(d for d in left["devices"] if d["device_id"] == first["device_id"])
+    assert gone["left_round"] == 2 and gone["joined_round"] == 1

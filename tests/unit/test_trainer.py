@@ -123,3 +123,103 @@ def test_capability_profile(digits):
     bare = capability_profile(None, None, None)
     assert "train_samples_per_s" not in bare and "model_hash" not in bare
     assert isinstance(bare["platform"], str) and bare["platform"]
+
+
+class _FakeClock:
+    """perf_counter advancing 1 s per reading; sleep records its argument."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+def test_slowdown_sleeps_in_proportion_to_each_measured_step(digits, monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr("edge_agent.trainer.time", clock)
+    trainer = _trainer(slowdown=4.0)
+
+    result = trainer.train(digits.x_train[:100], digits.y_train[:100])
+
+    # every step reads the clock twice, 1 s apart: each step "took" 1 s → sleep 3 s
+    assert result.steps == 4
+    assert clock.sleeps == [3.0] * 4
+
+
+def test_slowdown_does_not_change_the_arithmetic(digits):
+    x, y = digits.x_train[:64], digits.y_train[:64]
+    plain, slowed = _trainer(), _trainer(slowdown=1.5)
+    plain.train(x, y)
+    slowed.train(x, y)
+    _assert_params_equal(plain.params(), slowed.params())
+
+
+def test_slowed_throughput_is_measured_through_the_same_steps(digits, monkeypatch):
+    import time
+
+    real_sleep, sleeps = time.sleep, []
+
+    def recording_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr("edge_agent.trainer.time.sleep", recording_sleep)
+    trainer = _trainer(slowdown=3.0)
+    x, y = digits.x_train[:64], digits.y_train[:64]
+
+    speed = trainer.measure_throughput(x, y, batches=4)
+    profile = capability_profile(trainer, x, y)
+
+    assert len(sleeps) == (1 + 4) + (1 + 20)  # warm-up + timed steps; the probe times 20
+    timed = sum(sleeps[1:5])  # the first call's timed steps
+    assert 4 * 32 / speed >= timed > 0  # elapsed time includes at least the sleeps
+    assert profile["train_samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("slowdown", [0.5, 0.0, -1.0, float("inf"), float("nan"), True])
+def test_slowdown_must_be_finite_and_at_least_one(slowdown):
+    with pytest.raises(ConfigError, match="slowdown must be a finite number >= 1"):
+        _trainer(slowdown=slowdown)
+
+
+@pytest.mark.parametrize(
+    ("n", "epochs", "fraction", "steps", "samples"),
+    [
+        (100, 1, 1.0, 4, 100),  # 32 + 32 + 32 + 4
+        (100, 1, 0.5, 2, 64),
+        (100, 1, 0.01, 1, 32),  # at least one step
+        (100, 2, 0.75, 6, 164),  # one full epoch, then two steps of the second
+        (100, 3, 1.0, 12, 300),
+    ],
+)
+def test_work_fraction_runs_the_first_steps(digits, n, epochs, fraction, steps, samples):
+    trainer = _trainer(local_epochs=epochs)
+
+    result = trainer.train(digits.x_train[:n], digits.y_train[:n], work_fraction=fraction)
+
+    assert (result.steps, result.samples) == (steps, samples)
+    assert np.isfinite(result.loss)
+
+
+def test_partial_work_is_a_prefix_of_the_full_round(digits):
+    x, y = digits.x_train[:64], digits.y_train[:64]  # two steps per epoch
+    half = _trainer()
+    half.train(x, y, work_fraction=0.5)
+    first = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:32].numpy()
+    one_step = _trainer()
+    one_step.train(x[first], y[first])  # one step on the same 32 samples
+
+    for name, value in one_step.params().items():
+        np.testing.assert_allclose(half.params()[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5, float("nan"), True])
+def test_work_fraction_outside_zero_one_is_refused(digits, fraction):
+    with pytest.raises(ConfigError, match=r"work fraction must be in \(0, 1\]"):
+        _trainer().train(digits.x_train[:10], digits.y_train[:10], work_fraction=fraction)

@@ -1,0 +1,292 @@
+"""Churn: devices join and leave running jobs; each change is a new topology version.
+
+A change takes effect at a round boundary: ``from_round`` is the highest round any
+participant reported plus 2 (at least 2), so every agent can fetch the new version (by
+REST or the control topic, :mod:`coordinator.control`) before it starts that round.
+:func:`replan` repairs the current graph locally — :func:`meshfl.topology.remove_node`
+chains the departed device's former neighbours, :func:`meshfl.topology.add_node`
+attaches a newcomer to the least-loaded devices — so it stays connected and the devices
+that stay keep their neighbours; for ``one-peer-exponential`` the union graph is
+:func:`meshfl.topology.exponential` of the new size.
+
+Departures are detected without a background task, when a job is read or a device
+reports (:func:`departures`): by silence (``depart_after_s``), by the evidence of every
+neighbour's ``missing`` lists (a killed agent, whose Last Will its neighbours saw), or by
+battery (:func:`battery_departure`). :func:`elastic_job` finds the job an idle device
+may join.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from coordinator import store
+from coordinator.control import Control
+from coordinator.db import Device, Job, JobDevice
+from coordinator.planning import (
+    DEFAULT_PLAN,
+    battery_reasons,
+    device_plans,
+    edge_list,
+    graph_for,
+    graph_of,
+    mixing,
+    uplinks,
+)
+from coordinator.settings import CoordinatorSettings
+from meshfl.contract import JobSpec, TopologyEvent, TopologyEventKind
+from meshfl.topology import Graph, add_node, exponential, one_peer_exponential, remove_node
+
+__all__ = [
+    "MISSED_BY_ALL",
+    "battery_departure",
+    "departures",
+    "elastic_job",
+    "next_from_round",
+    "replan",
+]
+
+MISSED_BY_ALL = "missed by all neighbours (Last Will or silence)"
+"""Reason recorded when a device leaves on its neighbours' evidence."""
+
+
+def next_from_round(session: Session, job: Job) -> int:
+    """The first round a change made now applies to: last reported round + 2, at least 2."""
+    return max(2, store.last_round(session, job) + 2)
+
+
+def _event(
+    version: int, from_round: int, kind: TopologyEventKind, device: str, reason: str, at: float
+) -> TopologyEvent:
+    return TopologyEvent(
+        version=version, from_round=from_round, kind=kind, device_id=device, reason=reason, at=at
+    )
+
+
+def _mean_degree(graph: Graph) -> int:
+    return max(1, round(2 * len(graph.edges) / graph.n))
+
+
+def replan(
+    session: Session,
+    job: Job,
+    now: float,
+    *,
+    add: Sequence[Device] | None = None,
+    remove: Mapping[str, str] | None = None,
+    control: Control | None = None,
+) -> list[JobDevice]:
+    """Remove and add devices of a running job; each device changed is one new version.
+
+    Parameters
+    ----------
+    session : Session
+        The request's session; committed here.
+    job : Job
+        A running job (anything else is left unchanged).
+    now : float
+        Unix seconds, the events' ``at``.
+    add : sequence of Device, optional
+        Devices that join: each gets a new participation with the next free index,
+        ``joined_round = from_round`` and, with ``spec.plan``, its planned
+        :class:`~meshfl.contract.DevicePlan`. A device already taking part is skipped.
+    remove : mapping of device id to reason, optional
+        Participants that leave: ``left_round = from_round`` and, unless already done,
+        ``done`` with ``final = {"error": "left at round R: <reason>"}``. A device not in
+        the current version is skipped. When the last device leaves, the job stops.
+    control : Control, optional
+        Serialises changes and announces the new version (:meth:`Control.announce`).
+
+    Returns
+    -------
+    list of JobDevice
+        The participations created for ``add``.
+
+    """
+    control = control or Control(fleet="")
+    with control.lock:
+        session.flush()
+        session.refresh(job, with_for_update=True)  # another request may have changed it
+        if job.status != "running" or job.topology is None:
+            return []
+        before = int(job.topology.get("version", 1))
+        added = _apply(session, job, now, list(add or ()), dict(remove or {}))
+        session.commit()
+    if int((job.topology or {}).get("version", 1)) != before:
+        control.announce(job)
+    return added
+
+
+def _apply(
+    session: Session, job: Job, now: float, add: list[Device], remove: dict[str, str]
+) -> list[JobDevice]:
+    spec: JobSpec = job.spec  # type: ignore[assignment]
+    topo: dict[str, Any] = dict(job.topology or {})
+    rows = {r.device_id: r for r in store.participants(session, job, fresh=True)}
+    devices: list[str] = list(topo["devices"])
+    graph, version = graph_of(topo), int(topo.get("version", 1))
+    events: list[TopologyEvent] = list(topo.get("events", []))
+    plans = dict(topo.get("plan", {}))
+    one_peer = topo["kind"] == "one-peer-exponential"
+    start = next_from_round(session, job)
+    for device_id, reason in remove.items():
+        row = rows.get(device_id)
+        if row is None or row.left_round is not None or device_id not in devices:
+            continue
+        row.left_round = start
+        if not row.done:
+            row.done, row.final = True, {"error": f"left at round {start}: {reason}"[:500]}
+        version += 1
+        events.append(_event(version, start, "leave", device_id, reason, now))
+        if len(devices) == 1:  # never an empty graph: the job stops with its last device
+            job.status, job.finished_at = "stopped", now
+            break  # the graph keeps that device, for the record
+        position = devices.index(device_id)
+        devices.pop(position)
+        graph = exponential(len(devices)) if one_peer else remove_node(graph, position)[0]
+    added: list[JobDevice] = []
+    for device in add if job.status == "running" else ():
+        if device.id in rows:
+            continue
+        members = store.get_devices(session, devices)
+        if one_peer:
+            graph = exponential(len(devices) + 1)
+        else:
+            graph = add_node(graph, _mean_degree(graph), uplinks(members))
+        devices.append(device.id)
+        plans[device.id] = device_plans(spec, [*members, device]).get(device.id, DEFAULT_PLAN)
+        row = JobDevice(
+            job_id=job.id,
+            device_id=device.id,
+            index=max((r.index for r in rows.values()), default=-1) + 1,
+            done=False,
+            final=None,
+            last_activity=now,
+            joined_round=start,
+        )
+        session.add(row)
+        rows[device.id], version = row, version + 1
+        added.append(row)
+        events.append(_event(version, start, "join", device.id, "joined", now))
+    if version == int(topo.get("version", 1)):
+        return added
+    graph = graph_for(spec, graph, store.get_devices(session, devices))
+    w, gap = mixing(graph, spec)
+    topo.update(
+        devices=devices,
+        edges=edge_list(graph),
+        W=w,
+        gap=gap,
+        version=version,
+        from_round=start,
+        events=events,
+        plan=plans,
+    )
+    job.topology = topo  # a new dict: SQLAlchemy sees the JSON change
+    return added
+
+
+def departures(
+    session: Session, job: Job, now: float, settings: CoordinatorSettings
+) -> dict[str, str]:
+    """The participants of a running job that have left, ``{device_id: reason}``.
+
+    A participant that is neither done nor left leaves
+
+    - by silence: nothing heard from it (no report, no assignment poll) for more than
+      ``settings.depart_after_s`` seconds while another participant sent a round report
+      within it (reason ``"silent for 61 s"``): the job goes on without it;
+    - by evidence: each of its current neighbours (at least one) listed it as
+      ``missing`` in each of its latest 2 reports of the current version's rounds (for
+      ``one-peer-exponential``: the latest 2 rounds in which they were paired), and it
+      has been silent for more than ``settings.depart_evidence_s`` seconds and twice its
+      latest reported ``round_s`` (so a slow but live device is not mistaken for a dead
+      one) — reason :data:`MISSED_BY_ALL`.
+    """
+    topo = job.topology
+    if job.status != "running" or topo is None:
+        return {}
+    rows = store.participants(session, job)
+    active = [r for r in rows if not r.done and r.left_round is None]
+    leaving: dict[str, str] = {}
+    reported: dict[str, float] | None = None  # read only when someone is long silent
+    for row in active:
+        silent = now - row.last_activity
+        if silent > settings.depart_after_s:
+            reported = store.last_report_at(session, job) if reported is None else reported
+            if any(
+                device_id != row.device_id and now - at <= settings.depart_after_s
+                for device_id, at in reported.items()
+            ):
+                leaving[row.device_id] = f"silent for {silent:.0f} s"
+                continue
+        if silent > settings.depart_evidence_s and _missed_by_all(
+            session, job, topo, row, now, settings.depart_evidence_s
+        ):
+            leaving[row.device_id] = MISSED_BY_ALL
+    return leaving
+
+
+def _missed_by_all(
+    session: Session, job: Job, topo: dict[str, Any], row: JobDevice, now: float, wait_s: float
+) -> bool:
+    devices: list[str] = topo["devices"]
+    if row.device_id not in devices:
+        return False
+    position, n = devices.index(row.device_id), len(devices)
+    neighbours = graph_of(topo).neighbours(position)
+    if not neighbours:
+        return False
+    own = store.latest_reports(session, job, row.device_id, since_round=1, limit=1)
+    round_s = float(own[0].metrics.get("round_s", 0.0)) if own else 0.0
+    if now - row.last_activity <= max(wait_s, 2 * round_s):
+        return False
+    one_peer = topo["kind"] == "one-peer-exponential"
+    limit = 2 * max(1, (n - 1).bit_length()) + 2 if one_peer else 2
+    since = int(topo.get("from_round", 1))
+    for j in neighbours:
+        reports = store.latest_reports(session, job, devices[j], since_round=since, limit=limit)
+        if one_peer:  # only the rounds in which j was paired with this device
+            reports = [
+                m for m in reports if position in one_peer_exponential(n, m.round).neighbours(j)
+            ]
+        latest = reports[:2]
+        if len(latest) < 2 or any(row.device_id not in m.metrics["missing"] for m in latest):
+            return False
+    return True
+
+
+def battery_departure(job: Job, row: JobDevice, device: Device) -> str | None:
+    """Why ``device`` must leave ``job`` to save its battery, or ``None``.
+
+    Only for a running job whose spec sets ``min_battery_percent`` > 0, and a participant
+    neither done nor left whose latest profile is below it and not charging.
+    """
+    threshold = float(job.spec.get("min_battery_percent", 0.0))
+    if job.status != "running" or threshold <= 0 or row.done or row.left_round is not None:
+        return None
+    return battery_reasons([device], threshold).get(device.id)
+
+
+def elastic_job(session: Session, device: Device) -> Job | None:
+    """The running job an idle ``device`` may join now, latest started first, or ``None``.
+
+    The job's spec sets ``elastic``; the device never took part in it; the change would
+    apply from a round within ``spec.rounds``; and the device is not low on battery by the
+    job's ``min_battery_percent``.
+    """
+    for job in store.running_jobs(session):
+        spec = job.spec
+        if not spec.get("elastic") or job.topology is None:
+            continue
+        if session.get(JobDevice, (job.id, device.id)) is not None:
+            continue
+        if next_from_round(session, job) > int(spec["rounds"]):
+            continue
+        if battery_reasons([device], float(spec.get("min_battery_percent", 0.0))):
+            continue
+        return job
+    return None

@@ -1,0 +1,84 @@
+"""The control topic: the coordinator pushes each topology version to the agents.
+
+On every new topology version of a job (version 1 at start, then one per join or leave)
+and when a job ends, the coordinator publishes one retained JSON message on
+``meshfl/v1/{fleet}/control`` (:func:`meshfl.wire.control_topic`)::
+
+    {"job": "job-…", "version": 3, "from_round": 9, "kind": "ring",
+     "devices": ["dev-a", …], "W": [[…], …], "status": "running"}
+
+``kind`` is the topology kind, ``devices`` the version's devices by position in ``W``
+(row-major, float64 values). Retained, so an agent that subscribes late still gets the
+latest version; agents also poll ``GET /devices/{id}/assignment`` every round, so a lost
+message only delays a change. The publisher is injected (``create_app(settings,
+publish)``): the coordinator itself never imports an MQTT client. A failing publish is
+logged and never fails the request that caused it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.db import Job
+from meshfl.wire import control_topic
+
+__all__ = ["Control", "Publish", "control_payload"]
+
+log = logging.getLogger("coordinator.control")
+
+Publish = Callable[[str, bytes], None]
+"""``publish(topic, payload)``: send one retained message (QoS 1) to the broker."""
+
+
+def control_payload(job: Job) -> dict[str, Any]:
+    """The control message of ``job``'s current topology version (the job must be started)."""
+    topo: dict[str, Any] = job.topology or {}
+    return {
+        "job": job.id,
+        "version": int(topo.get("version", 1)),
+        "from_round": int(topo.get("from_round", 1)),
+        "kind": topo.get("kind"),
+        "devices": list(topo.get("devices", [])),
+        "W": topo.get("W", []),
+        "status": job.status,
+    }
+
+
+@dataclass(frozen=True)
+class Control:
+    """How one coordinator changes running jobs: one change at a time, each announced.
+
+    Parameters
+    ----------
+    fleet : str
+        The fleet id (as in the MQTT topics).
+    publish : Publish or None
+        The publisher; ``None``: no push (agents learn versions by polling REST).
+
+    Attributes
+    ----------
+    lock : threading.Lock
+        Held while a topology is re-planned, so two requests of this process never
+        interleave their read-modify-write of one job (PostgreSQL also locks the job's
+        row; SQLite has one writer).
+
+    """
+
+    fleet: str
+    publish: Publish | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def announce(self, job: Job) -> None:
+        """Publish ``job``'s current version and status; a failure is only logged."""
+        if self.publish is None or job.topology is None:
+            return
+        try:
+            payload = json.dumps(control_payload(job), separators=(",", ":")).encode()
+            self.publish(control_topic(self.fleet), payload)
+        except Exception as exc:  # a broker hiccup must not fail the REST request
+            log.warning("cannot publish job %s on the control topic: %s", job.id, exc)

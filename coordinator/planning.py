@@ -1,0 +1,218 @@
+"""Plan a job's topology: who takes part, who talks to whom, how much each device does.
+
+The stored topology (``jobs.topology``, one JSON document, the *current version*) is::
+
+    {"kind": "ring", "params": {"degree", "probability", "seed", "mixing"},
+     "devices": [device ids by position in W], "edges": [[i, j], …], "W": [[…]],
+     "gap": 1 − |λ₂(W)|, "version": 1, "from_round": 1, "events": [TopologyEvent, …],
+     "plan": {device_id: DevicePlan}, "sit_out": {device_id: reason}}
+
+The graph is :func:`meshfl.topology.build_graph` with the spec's parameters, or the
+spec's ``custom_graph``; for ``one-peer-exponential`` the stored graph is the union
+:func:`meshfl.topology.exponential` ``(n)`` (agents derive each round's matching from
+``devices``). With ``spec.plan`` the devices' latest capability profiles go through
+:func:`meshfl.planning.plan_devices` (work fraction by measured speed, OmniLearn, Tyagi
+& Sharma 2025; a byte budget by measured uplink) and the graph through
+:func:`meshfl.planning.link_aware_graph` (slow links get fewer edges, after Sun, Nguyen &
+He 2025). W is :func:`meshfl.topology.mixing_matrix` under ``spec.mixing``
+(Metropolis–Hastings by default, Xiao & Boyd 2004).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from coordinator.db import Device
+from meshfl.contract import DevicePlan, JobSpec
+from meshfl.errors import ConfigError
+from meshfl.planning import battery_sit_out, link_aware_graph, plan_devices
+from meshfl.topology import (
+    Graph,
+    build_graph,
+    exponential,
+    from_edge_list,
+    mixing_matrix,
+    spectral_gap,
+)
+
+__all__ = [
+    "DEFAULT_PLAN",
+    "UNKNOWN_MODEL_BYTES",
+    "base_graph",
+    "battery_reasons",
+    "custom_graph",
+    "dense_bytes",
+    "device_plans",
+    "edge_list",
+    "graph_for",
+    "graph_of",
+    "link_aware",
+    "mixing",
+    "topology_params",
+    "uplinks",
+]
+
+DEFAULT_PLAN = DevicePlan(work_fraction=1.0, byte_budget=0)
+"""The plan of every device of a job without ``spec.plan``: all the work, no byte budget."""
+
+UNKNOWN_MODEL_BYTES = 2**31
+"""Dense message size assumed for a model other than ``mlp`` (bytes): every budget binds."""
+
+_DEFAULT_DEGREE = 4
+_DEFAULT_PROBABILITY = 0.3
+_DEFAULT_BUDGET_S = 0.05
+_DEFAULT_MIXING = "metropolis-hastings"
+
+
+def topology_params(spec: JobSpec) -> dict[str, Any]:
+    """The graph parameters of ``spec`` with their defaults filled in.
+
+    ``degree`` 4, ``probability`` 0.3, ``seed`` ``spec.seed``, ``mixing``
+    ``metropolis-hastings``.
+    """
+    return {
+        "degree": int(spec.get("topology_degree", _DEFAULT_DEGREE)),
+        "probability": float(spec.get("topology_probability", _DEFAULT_PROBABILITY)),
+        "seed": int(spec.get("topology_seed", spec["seed"])),
+        "mixing": str(spec.get("mixing", _DEFAULT_MIXING)),
+    }
+
+
+def base_graph(spec: JobSpec, n: int) -> Graph:
+    """The job's graph on ``n`` devices before planning.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        The kind cannot be built for ``n`` devices with these parameters, or the custom
+        graph does not have ``n`` nodes.
+    meshfl.errors.TopologyError
+        A builder produced an invalid graph.
+
+    """
+    kind, params = spec["topology"], topology_params(spec)
+    if kind == "custom":
+        graph = custom_graph(spec)
+        if graph.n != n:
+            raise ConfigError(f"the custom graph has {graph.n} nodes but {n} devices take part")
+        return graph
+    if kind == "one-peer-exponential":
+        return exponential(n)  # the union of the rounds' matchings
+    return build_graph(
+        kind, n, degree=params["degree"], probability=params["probability"], seed=params["seed"]
+    )
+
+
+def custom_graph(spec: JobSpec) -> Graph:
+    """The spec's ``custom_graph`` as a :class:`Graph` (raises ConfigError when invalid)."""
+    document: dict[str, Any] = dict(spec["custom_graph"])
+    edges = document.get("edges")
+    if isinstance(edges, list | tuple):  # pydantic hands tuples; the edge-list format has lists
+        document["edges"] = [list(e) if isinstance(e, list | tuple) else e for e in edges]
+    return from_edge_list(document)
+
+
+def link_aware(spec: JobSpec) -> bool:
+    """Whether planning reshapes the graph: ``spec.plan``, not one-peer or custom."""
+    return bool(spec.get("plan")) and spec["topology"] not in ("one-peer-exponential", "custom")
+
+
+def dense_bytes(spec: JobSpec) -> int:
+    """Bytes of one dense fp32 message of the job's model (the planner's reference size).
+
+    ``mlp``: 4 · Σ (in + 1) · out over its layers ``input_dim → hidden… → num_classes``;
+    any other model: :data:`UNKNOWN_MODEL_BYTES`.
+    """
+    model = spec["model"]
+    if model["name"] != "mlp":
+        return UNKNOWN_MODEL_BYTES
+    widths = [model["input_dim"], *model["hidden"], model["num_classes"]]
+    return 4 * sum((a + 1) * b for a, b in itertools.pairwise(widths))
+
+
+def _measured(profile: Mapping[str, Any], field: str) -> float | None:
+    value = profile.get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _charging(profile: Mapping[str, Any]) -> bool | None:
+    value = profile.get("charging")
+    return value if isinstance(value, bool) else None
+
+
+def uplinks(devices: Sequence[Device]) -> list[float | None]:
+    """Each device's latest measured uplink (bytes/s), ``None`` where unmeasured."""
+    return [_measured(d.profile or {}, "uplink_bytes_per_s") for d in devices]
+
+
+def battery_reasons(devices: Sequence[Device], min_battery_percent: float) -> dict[str, str]:
+    """Devices that must sit out to save their battery: ``{device_id: reason}``.
+
+    Below ``min_battery_percent`` (0: off) and not charging, by the latest profile
+    (:func:`meshfl.planning.battery_sit_out`); a device without a battery never sits out.
+    """
+    if not min_battery_percent:
+        return {}
+    levels = [_measured(d.profile or {}, "battery_percent") for d in devices]
+    found = battery_sit_out(
+        levels, [_charging(d.profile or {}) for d in devices], min_battery_percent
+    )
+    return {devices[i].id: reason for i, reason in found.items()}
+
+
+def device_plans(spec: JobSpec, devices: Sequence[Device]) -> dict[str, DevicePlan]:
+    """Each device's :class:`DevicePlan`: planned from its profile with ``spec.plan``.
+
+    Without ``spec.plan`` every device gets :data:`DEFAULT_PLAN`. With it,
+    :func:`meshfl.planning.plan_devices` over ``devices`` (median-relative work
+    fractions, byte budgets of ``uplink · uplink_budget_s`` against :func:`dense_bytes`).
+    A device the planner sits out (battery) keeps the default plan: the callers filter
+    battery first.
+    """
+    plans = {d.id: DevicePlan(**DEFAULT_PLAN) for d in devices}
+    if not spec.get("plan") or not devices:
+        return plans
+    profiles = [d.profile or {} for d in devices]
+    plan = plan_devices(
+        [_measured(p, "train_samples_per_s") for p in profiles],
+        uplinks(devices),
+        [_measured(p, "battery_percent") for p in profiles],
+        [_charging(p) for p in profiles],
+        budget_s=float(spec.get("uplink_budget_s", _DEFAULT_BUDGET_S)),
+        dense_bytes=dense_bytes(spec),
+        min_battery_percent=float(spec.get("min_battery_percent", 0.0)),
+    )
+    for k, i in enumerate(plan.participants):
+        plans[devices[i].id] = DevicePlan(
+            work_fraction=float(plan.work_fraction[k]), byte_budget=int(plan.byte_budget[k])
+        )
+    return plans
+
+
+def mixing(graph: Graph, spec: JobSpec) -> tuple[list[list[float]], float]:
+    """W of ``graph`` under ``spec.mixing`` (as nested lists) and its spectral gap."""
+    w = mixing_matrix(graph, topology_params(spec)["mixing"])
+    return [[float(x) for x in row] for row in w], float(spectral_gap(np.asarray(w)))
+
+
+def graph_of(topology: Mapping[str, Any]) -> Graph:
+    """The stored topology's current graph."""
+    edges = frozenset((min(int(i), int(j)), max(int(i), int(j))) for i, j in topology["edges"])
+    return Graph(len(topology["devices"]), edges)
+
+
+def edge_list(graph: Graph) -> list[list[int]]:
+    """``graph``'s edges as sorted ``[i, j]`` pairs, for JSON."""
+    return sorted([int(i), int(j)] for i, j in graph.edges)
+
+
+def graph_for(spec: JobSpec, graph: Graph, devices: Sequence[Device]) -> Graph:
+    """``graph`` after link-aware planning where it applies (:func:`link_aware`)."""
+    return link_aware_graph(graph, uplinks(devices)) if link_aware(spec) else graph

@@ -1,0 +1,100 @@
+"""A device's view of its job's topology versions: its row of W, round by round.
+
+The coordinator plans version 1 at the job's start and a new version whenever a device
+joins, leaves or dies (``issues show 4``, churn). Each version comes in force at its
+``from_round``; agents learn it from the retained control-topic message or from their
+assignment (polled over REST after every round), whichever comes first, and switch at
+the start of that round. ``one-peer-exponential`` is time-varying inside a version:
+round ``r`` uses :func:`meshfl.topology.one_peer_exponential` ``(n, r)`` with
+Metropolis–Hastings (or max-degree) weights, and the device listens to the union of
+its rounds' neighbours, the exponential graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshfl.contract import Assignment
+from meshfl.topology import mixing_matrix, one_peer_exponential
+
+__all__ = ["TopologyVersion"]
+
+
+@dataclass(frozen=True)
+class TopologyVersion:
+    """One topology version as this device sees it.
+
+    ``position`` is the device's row in W (-1: it is no longer part of the job);
+    ``neighbours`` maps each neighbour id to w_ij; ``self_weight`` is w_ii.
+    """
+
+    version: int
+    from_round: int
+    kind: str
+    mixing: str
+    devices: tuple[str, ...]
+    position: int
+    neighbours: Mapping[str, float]
+    self_weight: float
+
+    @classmethod
+    def from_assignment(cls, assignment: Assignment) -> TopologyVersion:
+        """The version carried by a REST assignment."""
+        spec = assignment["spec"]
+        return cls(
+            version=int(assignment["topology_version"]),
+            from_round=int(assignment["from_round"]),
+            kind=spec["topology"],
+            mixing=spec.get("mixing", "metropolis-hastings"),
+            devices=tuple(assignment["devices"]),
+            position=int(assignment["position"]),
+            neighbours={n["device_id"]: float(n["weight"]) for n in assignment["neighbours"]},
+            self_weight=float(assignment["self_weight"]),
+        )
+
+    @classmethod
+    def from_control(
+        cls, message: Mapping[str, Any], device_id: str, mixing: str
+    ) -> TopologyVersion | None:
+        """The version of a control-topic message, or ``None`` if it is malformed."""
+        try:
+            devices = tuple(str(d) for d in message["devices"])
+            w = message["W"]
+            position = devices.index(device_id) if device_id in devices else -1
+            row = w[position] if position >= 0 else []
+            neighbours = {
+                devices[j]: float(v) for j, v in enumerate(row) if j != position and v > 0
+            }
+            return cls(
+                version=int(message["version"]),
+                from_round=int(message["from_round"]),
+                kind=str(message["kind"]),
+                mixing=mixing,
+                devices=devices,
+                position=position,
+                neighbours=neighbours,
+                self_weight=float(row[position]) if position >= 0 else 1.0,
+            )
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    @property
+    def removed(self) -> bool:
+        """Whether this device is no longer part of the job in this version."""
+        return self.position < 0
+
+    def peers(self) -> set[str]:
+        """The devices to listen to during this version (all rounds' neighbours)."""
+        return set(self.neighbours)
+
+    def row(self, round_: int) -> tuple[dict[str, float], float]:
+        """Return this device's ``(neighbour weights, self weight)`` at ``round_``."""
+        if self.kind != "one-peer-exponential" or self.removed:
+            return dict(self.neighbours), self.self_weight
+        graph = one_peer_exponential(len(self.devices), round_)
+        w = mixing_matrix(graph, self.mixing)
+        i = self.position
+        weights = {self.devices[j]: float(w[i, j]) for j in graph.neighbours(i)}
+        return weights, float(w[i, i])

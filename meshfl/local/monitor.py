@@ -1,0 +1,144 @@
+"""Follow a local run's job to its end: settled rounds, churn, topology changes, failures."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshfl.contract import JobPublic, RoundSummary
+from meshfl.errors import MeshflError
+from meshfl.local.admin import AdminClient
+from meshfl.local.fleet import Churn
+from meshfl.local.processes import Child, Supervisor
+
+if TYPE_CHECKING:
+    from meshfl.local.run import LocalConfig
+
+__all__ = ["Hooks", "RoundHook", "agents", "check_servers", "monitor"]
+
+RoundHook = Callable[[RoundSummary, Supervisor], None]
+
+
+@dataclass
+class Hooks:
+    """What :func:`monitor` tells its caller (see :func:`meshfl.local.run.run_local`)."""
+
+    on_round: RoundHook | None
+    show: Callable[[list[RoundSummary]], None] | None
+    notify: Callable[[str], None] | None
+
+    def say(self, line: str) -> None:
+        """Pass one line to ``notify``, if any."""
+        if self.notify is not None:
+            self.notify(line)
+
+
+def agents(supervisor: Supervisor) -> list[Child]:
+    """The agent children (``device-*``), in start order."""
+    return [c for c in supervisor.children if c.name.startswith("device-")]
+
+
+def check_servers(supervisor: Supervisor) -> None:
+    """MeshflError when the broker or the coordinator has exited."""
+    for child in supervisor.children:
+        if child.name in ("broker", "coordinator") and child.returncode is not None:
+            raise MeshflError(f"the {child.name} exited unexpectedly ({child.describe_exit()})")
+
+
+def monitor(
+    admin: AdminClient,
+    supervisor: Supervisor,
+    job: JobPublic,
+    config: LocalConfig,
+    hooks: Hooks,
+    churn: Churn,
+) -> tuple[JobPublic, list[RoundSummary], dict[str, str]]:
+    """Follow the job to its end: settled rounds to the hooks, churn, failed agents."""
+    job_id = job["job_id"]
+    seen, version = 0, 0
+    failed: dict[str, str] = {}
+    last_progress = time.monotonic()
+    stall_s = 4 * config.round_deadline_s + 60.0
+    churn.start()
+    while True:
+        check_servers(supervisor)
+        job = admin.job(job_id)
+        children = agents(supervisor)
+        rounds = admin.rounds(job_id)
+        settled = _settled(rounds, job, children)
+        if len(settled) > seen:
+            for k in range(seen, len(settled)):
+                if hooks.show is not None:  # the round first, then what happened after it
+                    hooks.show(settled[: k + 1])
+                for line in churn.on_round(settled[k]["round"], supervisor):
+                    hooks.say(line)
+                if hooks.on_round is not None:
+                    hooks.on_round(settled[k], supervisor)
+            seen = len(settled)
+            last_progress = time.monotonic()
+            version = _say_topology_changes(admin, job, version, hooks)
+        for child in children:
+            code = child.returncode
+            expected = child.name in churn.killed  # killed on purpose: not a failure
+            if code not in (None, 0) and child.name not in failed and not expected:
+                failed[child.name] = child.describe_exit()
+        if job["status"] != "running" or all(c.returncode is not None for c in children):
+            if hooks.show is not None and len(rounds) > seen:
+                hooks.show(rounds)
+            if job["status"] == "running":
+                job = admin.stop_job(job_id)
+                rounds = admin.rounds(job_id)
+            return job, rounds, failed
+        if time.monotonic() - last_progress > stall_s:
+            raise MeshflError(
+                f"no round finished for {stall_s:.0f} s; see the logs in {supervisor.log_dir}"
+            )
+        time.sleep(0.3)
+
+
+def _settled(rounds: list[RoundSummary], job: JobPublic, agents: list[Child]) -> list[RoundSummary]:
+    """The leading rounds that every device expected to report them has reported.
+
+    A round shown before its last report arrives would understate its bytes and
+    misstate its accuracy. Expected for round r: the job's devices that take part in r
+    (``joined_round <= r``, and r before ``left_round``) whose agent has not failed.
+    """
+    failed = {c.name for c in agents if c.returncode not in (None, 0)}
+    spans = [
+        (d.get("joined_round", 1), d.get("left_round"))
+        for d in job["devices"]
+        if d["name"] not in failed
+    ]
+    settled = []
+    for r in rounds:
+        n = r["round"]
+        expected = sum(1 for joined, left in spans if joined <= n and (left is None or n < left))
+        if r["devices_reporting"] < expected:
+            break
+        settled.append(r)
+    return settled
+
+
+def _say_topology_changes(admin: AdminClient, job: JobPublic, seen: int, hooks: Hooks) -> int:
+    """Tell the operator about topology versions newer than ``seen``; return the newest."""
+    if hooks.notify is None:
+        return seen
+    topology = admin.topology(job["job_id"])
+    names = {d["device_id"]: d["name"] for d in job["devices"]}
+    for event in topology.get("events", []):
+        if event["version"] <= seen:
+            continue
+        device = names.get(event["device_id"] or "", event["device_id"])
+        what = f"{device} {event['kind']}s" if device else topology["kind"]
+        hooks.say(
+            f"topology v{event['version']} from round {event['from_round']}: {what}"
+            f" ({event['reason']})"
+        )
+    gap = topology["spectral_gap"]
+    version = int(topology.get("version", 1))
+    if version > seen:
+        count = len(topology["devices"])
+        hooks.say(f"topology v{version}: {count} devices, spectral gap {gap:.4f}")
+    return version

@@ -1,0 +1,119 @@
+"""Check the options of ``meshfl local`` before anything starts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES
+from meshfl.errors import ConfigError
+from meshfl.local.fleet import validate_fleet
+
+if TYPE_CHECKING:
+    from meshfl.local.run import LocalConfig
+
+__all__ = ["MAX_AGENTS", "is_graph_file", "validate"]
+
+MAX_AGENTS = 64
+"""One process per agent (≈ 250 MB each with torch): past this, use a real fleet."""
+
+
+def validate(config: LocalConfig) -> None:
+    """Check the options before anything starts.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        An option is out of range; the message names it and the valid range.
+
+    """
+    if not 2 <= config.agents <= MAX_AGENTS:
+        raise ConfigError(f"--agents must be between 2 and {MAX_AGENTS} (got {config.agents})")
+    for name, value in (("--rounds", config.rounds), ("--batch-size", config.batch_size),
+                        ("--local-epochs", config.local_epochs)):  # fmt: skip
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1 (got {value})")
+    for name, number in (("--learning-rate", config.learning_rate), ("--alpha", config.alpha),
+                         ("--deadline", config.round_deadline_s)):  # fmt: skip
+        if not (math.isfinite(number) and number > 0):
+            raise ConfigError(f"{name} must be a positive number (got {number})")
+    growth = config.keyframe_growth
+    if not (math.isfinite(growth) and (growth == 0 or growth > 1)):
+        raise ConfigError(f"--keyframe-growth must be 0 (off) or > 1 (got {growth})")
+    if not (math.isfinite(config.consensus_step) and 0 < config.consensus_step <= 1):
+        raise ConfigError(f"--consensus-step must be in (0, 1] (got {config.consensus_step})")
+    if config.algorithm not in ("choco", "dpsgd"):
+        raise ConfigError(f"--algorithm must be choco or dpsgd (got {config.algorithm!r})")
+    from meshfl.codecs import parse_codec
+
+    parse_codec(config.codec)
+    _validate_topology(config)
+    _validate_rounds(config)
+    validate_fleet(config)
+    if config.agents + len(config.join_at) > MAX_AGENTS:
+        raise ConfigError(f"--agents plus --join-at agents must be at most {MAX_AGENTS}")
+    if config.broker is not None:
+        from edge_agent.transport.mqtt import parse_broker_url
+
+        parse_broker_url(config.broker)
+    if config.dense_below < 0 or config.byte_budget < 0:
+        raise ConfigError("--dense-below and --byte-budget must be >= 0")
+    if config.byte_budget and parse_codec(config.codec).name not in ("topk", "randk"):
+        raise ConfigError(
+            "--byte-budget sets a sparsifier's density: use --codec topk:D or randk:D"
+        )
+    if config.algorithm == "dpsgd" and parse_codec(config.codec).spec not in ("identity",):
+        raise ConfigError("--algorithm dpsgd sends whole models: use --codec identity")
+
+
+def is_graph_file(topology: str) -> bool:
+    """Whether ``--topology`` names a JSON edge-list file rather than a kind."""
+    return topology not in JOB_TOPOLOGIES and (
+        topology.lower().endswith(".json") or Path(topology).is_file()
+    )
+
+
+def _validate_topology(config: LocalConfig) -> None:
+    """A known kind buildable with its parameters, or a JSON edge list of --agents nodes."""
+    from meshfl.topology import MIXING_RULES, build_graph, from_edge_list
+
+    if config.mixing not in MIXING_RULES:
+        raise ConfigError(f"--mixing {config.mixing!r}: use one of {', '.join(MIXING_RULES)}")
+    if config.topology_seed is not None and not 0 <= config.topology_seed < 2**32:
+        raise ConfigError(f"--topology-seed must be in [0, 2^32) (got {config.topology_seed})")
+    if is_graph_file(config.topology):
+        graph = from_edge_list(config.topology)
+        if graph.n != config.agents:
+            raise ConfigError(
+                f"--topology {config.topology}: the graph has {graph.n} nodes but --agents is"
+                f" {config.agents}; make them equal"
+            )
+        return
+    kinds = [k for k in JOB_TOPOLOGIES if k != "custom"]
+    if config.topology not in kinds:
+        raise ConfigError(
+            f"--topology {config.topology!r}: use one of {', '.join(kinds)},"
+            " or a path to a JSON edge list"
+        )
+    build_graph(
+        config.topology,
+        config.agents,
+        degree=config.topology_degree,
+        probability=config.topology_probability,
+        seed=config.seed if config.topology_seed is None else config.topology_seed,
+    )
+
+
+def _validate_rounds(config: LocalConfig) -> None:
+    """Round mode, staleness, quorum and the planner's options."""
+    if config.mode not in JOB_MODES:
+        raise ConfigError(f"--mode {config.mode!r}: use one of {', '.join(JOB_MODES)}")
+    if config.staleness < 0:
+        raise ConfigError(f"--staleness must be >= 0 rounds (got {config.staleness})")
+    if not (math.isfinite(config.quorum) and 0 < config.quorum <= 1):
+        raise ConfigError(f"--quorum must be in (0, 1] (got {config.quorum})")
+    if not (math.isfinite(config.uplink_budget_s) and config.uplink_budget_s > 0):
+        raise ConfigError(f"--uplink-budget must be > 0 seconds (got {config.uplink_budget_s})")
+    if not (math.isfinite(config.min_battery_percent) and 0 <= config.min_battery_percent <= 100):
+        raise ConfigError(f"--min-battery must be in [0, 100] (got {config.min_battery_percent})")

@@ -1,0 +1,21 @@
+"""Capability-aware planning: from measured device profiles to each device's share of a round."""
+
+from meshfl.planning.planner import (
+    Plan,
+    battery_sit_out,
+    byte_budgets,
+    link_aware_graph,
+    plan_devices,
+    quorum_size,
+    work_fractions,
+)
+
+__all__ = [
+    "Plan",
+    "battery_sit_out",
+    "byte_budgets",
+    "link_aware_graph",
+    "plan_devices",
+    "quorum_size",
+    "work_fractions",
+]
