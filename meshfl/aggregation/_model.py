@@ -18,6 +18,7 @@ __all__ = [
     "decode_entries",
     "identity_entries",
     "layout_of",
+    "mean_of_states",
     "tracked_peers",
 ]
 
@@ -172,3 +173,23 @@ def tracked_peers(weights: Mapping[str, float], listen: Collection[str]) -> froz
         if not isinstance(peer, str) or not peer:
             raise ConfigError(f"peer ids must be non-empty strings, got {peer!r}")
     return frozenset(weights) | frozenset(listen)
+
+
+def mean_of_states(
+    held: Mapping[str, Sequence[np.ndarray]], peers: Collection[str], layout: Layout
+) -> dict[str, np.ndarray]:
+    """Return the float32 mean (float64 sums) of the states ``held`` of ``peers``.
+
+    Raises
+    ------
+    ConfigError
+        If ``peers`` is empty or one of them has no state in ``held``.
+
+    """
+    wanted = sorted(set(peers))
+    if not wanted or any(p not in held for p in wanted):
+        raise ConfigError(f"no state held for every one of {wanted!r}")
+    return {
+        name: np.mean([held[p][t].astype(np.float64) for p in wanted], axis=0).astype(np.float32)
+        for t, (name, _) in enumerate(layout)
+    }

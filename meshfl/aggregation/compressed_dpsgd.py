@@ -41,6 +41,7 @@ from meshfl.aggregation._model import (
     decode_entries,
     identity_entries,
     layout_of,
+    mean_of_states,
     tracked_peers,
 )
 from meshfl.aggregation.error_feedback import ErrorFeedback
@@ -130,19 +131,9 @@ class CompressedDPSGD:
     def mean_of(self, peers: Collection[str]) -> dict[str, np.ndarray]:
         """Return the float32 mean of the held states of ``peers`` (a joiner's start model).
 
-        Raises
-        ------
-        ConfigError
-            If ``peers`` is empty or holds a peer without state.
-
+        Raises ConfigError if ``peers`` is empty or holds a peer without state.
         """
-        held = [self._latest[p] for p in sorted(set(peers)) if p in self._latest]
-        if not held or len(held) != len(set(peers)):
-            raise ConfigError(f"no state held for every one of {sorted(peers)!r}")
-        return {
-            name: np.mean([h[t].astype(np.float64) for h in held], axis=0).astype(np.float32)
-            for t, (name, _) in enumerate(self._layout)
-        }
+        return mean_of_states(self._latest, peers, self._layout)
 
     def has_state(self, peer: str) -> bool:
         """Whether a model of ``peer`` has arrived (it can be mixed)."""
