@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, cast
 
 import typer
 
@@ -33,10 +33,11 @@ from meshfl.cli.options import (
     TopologySeed,
     UplinkBudget,
 )
-from meshfl.contract import JOB_TOPOLOGIES, JobDevicePublic, RoundSummary, TopologyPublic
-from meshfl.errors import ConfigError, MeshflError
+from meshfl.contract import JobDevicePublic, RoundSummary, TopologyPublic
+from meshfl.errors import MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.run import DEFAULTS
+from meshfl.local.validation import topology_fields as local_topology_fields
 
 job_app = typer.Typer(
     help="Create, start, follow and stop jobs (admin token).", no_args_is_help=True
@@ -96,7 +97,7 @@ def start(
 
     client = AdminClient(coordinator, admin_token)
     codec = parse_codec(codec).spec
-    topology_fields = _topology_fields(topology)
+    topology_fields = local_topology_fields(topology)
     label = Path(topology).stem if "custom_graph" in topology_fields else topology
     spec = {
         "name": f"{algorithm}-{codec}-{label}",
@@ -226,20 +227,6 @@ def _follow(client: AdminClient, job_id: str) -> None:
             typer.echo(f"job {job_id}: {job['status']}")
             return
         time.sleep(1.0)
-
-
-def _topology_fields(topology: str) -> dict[str, Any]:
-    """``{"topology": kind}``, or ``custom`` with the graph read from a JSON edge-list file."""
-    if topology in JOB_TOPOLOGIES and topology != "custom":
-        return {"topology": topology}
-    if not (topology.lower().endswith(".json") or Path(topology).is_file()):
-        kinds = ", ".join(k for k in JOB_TOPOLOGIES if k != "custom")
-        raise ConfigError(f"--topology {topology!r}: use one of {kinds}, or a JSON edge-list file")
-    from meshfl.topology import from_edge_list
-
-    graph = from_edge_list(topology)  # refuses a bad or disconnected file, naming it
-    edges = sorted([i, j] for i, j in graph.edges)
-    return {"topology": "custom", "custom_graph": {"n": graph.n, "edges": edges}}
 
 
 def _why_out(device: JobDevicePublic) -> str:

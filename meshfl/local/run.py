@@ -26,7 +26,7 @@ from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monito
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
 from meshfl.local.report import build_report, write_report
 from meshfl.local.shaping import ShapingProxy
-from meshfl.local.validation import is_graph_file, validate
+from meshfl.local.validation import topology_fields, validate
 
 __all__ = ["LocalConfig", "LocalRun", "run_local", "validate"]
 
@@ -351,7 +351,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
                   "hidden": [64]},
         "algorithm": config.algorithm,  # type: ignore[typeddict-item]
         "codec": config.codec,
-        "topology": config.topology,
+        "topology": config.topology,  # replaced below
         "rounds": config.rounds,
         "learning_rate": config.learning_rate,
         "batch_size": config.batch_size,
@@ -367,12 +367,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "dense_below": config.dense_below,
         "byte_budget": config.byte_budget,
     }  # fmt: skip
-    if is_graph_file(config.topology):
-        from meshfl.topology import from_edge_list
-
-        graph = from_edge_list(config.topology)
-        spec["topology"] = "custom"
-        spec["custom_graph"] = {"n": graph.n, "edges": sorted(graph.edges)}
+    spec.update(topology_fields(config.topology))  # type: ignore[typeddict-item]
     # The issue-4 keys go in only when they differ from the contract's defaults.
     optional: dict[str, Any] = {
         "topology_degree": config.topology_degree,

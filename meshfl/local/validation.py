@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES
 from meshfl.errors import ConfigError
@@ -13,7 +13,7 @@ from meshfl.local.fleet import validate_fleet
 if TYPE_CHECKING:
     from meshfl.local.run import LocalConfig
 
-__all__ = ["MAX_AGENTS", "is_graph_file", "validate"]
+__all__ = ["MAX_AGENTS", "is_graph_file", "topology_fields", "validate"]
 
 MAX_AGENTS = 64
 """One process per agent (≈ 250 MB each with torch): past this, use a real fleet."""
@@ -74,28 +74,48 @@ def is_graph_file(topology: str) -> bool:
     )
 
 
+def topology_fields(topology: str) -> dict[str, Any]:
+    """Return the spec fields of ``--topology``: a kind, or ``custom`` with its graph.
+
+    A JSON edge-list file is read here and sent as ``custom_graph: {"n", "edges"}``.
+
+    Raises
+    ------
+    ConfigError
+        An unknown kind (naming the valid ones), or a bad or disconnected file.
+
+    """
+    if not is_graph_file(topology):
+        kinds = [k for k in JOB_TOPOLOGIES if k != "custom"]
+        if topology not in kinds:
+            raise ConfigError(
+                f"--topology {topology!r}: use one of {', '.join(kinds)},"
+                " or a path to a JSON edge list"
+            )
+        return {"topology": topology}
+    from meshfl.topology import from_edge_list
+
+    graph = from_edge_list(topology)  # refuses a bad or disconnected file, naming it
+    return {"topology": "custom", "custom_graph": {"n": graph.n, "edges": sorted(graph.edges)}}
+
+
 def _validate_topology(config: LocalConfig) -> None:
     """A known kind buildable with its parameters, or a JSON edge list of --agents nodes."""
-    from meshfl.topology import MIXING_RULES, build_graph, from_edge_list
+    from meshfl.topology import MIXING_RULES, build_graph
 
     if config.mixing not in MIXING_RULES:
         raise ConfigError(f"--mixing {config.mixing!r}: use one of {', '.join(MIXING_RULES)}")
     if config.topology_seed is not None and not 0 <= config.topology_seed < 2**32:
         raise ConfigError(f"--topology-seed must be in [0, 2^32) (got {config.topology_seed})")
-    if is_graph_file(config.topology):
-        graph = from_edge_list(config.topology)
-        if graph.n != config.agents:
+    fields = topology_fields(config.topology)
+    if "custom_graph" in fields:
+        n = fields["custom_graph"]["n"]
+        if n != config.agents:
             raise ConfigError(
-                f"--topology {config.topology}: the graph has {graph.n} nodes but --agents is"
+                f"--topology {config.topology}: the graph has {n} nodes but --agents is"
                 f" {config.agents}; make them equal"
             )
         return
-    kinds = [k for k in JOB_TOPOLOGIES if k != "custom"]
-    if config.topology not in kinds:
-        raise ConfigError(
-            f"--topology {config.topology!r}: use one of {', '.join(kinds)},"
-            " or a path to a JSON edge list"
-        )
     build_graph(
         config.topology,
         config.agents,
