@@ -6,12 +6,16 @@ W1 (8 agent processes, embedded broker, coordinator) with devices 1 and 5 slowed
 schedules, each ``--repeats`` times, interleaved so that machine noise hits all alike:
 
 (a) ``sync``  — synchronous rounds, no planning (every round waits for every neighbour);
-(b) ``plan``  — capability-aware planning (slow devices get ¼ of the local work, the slow
-    link a sparser codec and one edge) and rounds that proceed after half the neighbours;
+(b) ``plan``  — capability-aware planning: local work cut only where training would hold
+    a round, the slow link a sparser codec, one edge, and a neighbour that mixes its
+    latest state instead of waiting for it;
 (c) ``async`` — AD-PSGD-style gossip with bounded staleness τ = 3 (Hop-style skipping).
 
-The time to a target is the coordinator's elapsed time (since the job started) of the
-first round whose mean test accuracy over the reporting devices reached it.
+The time to the target is the first moment (coordinator clock, since the job started)
+the mean of the eight devices' latest reported test accuracies reached it
+(``report.json``'s ``time_to_accuracy_live``): rounds need not align when a slow link
+lags. The round-aligned figure (the first round whose summary over all devices reached
+it, which waits for the slowest device's report of that round) is printed too.
 
     python benchmarks/w6_heterogeneous.py                  # 3 repeats, about 8 minutes
     python benchmarks/w6_heterogeneous.py --repeats 1 --rounds 40
@@ -33,7 +37,7 @@ from machine import describe
 HETEROGENEITY = ["--slow", "device-1:4", "--slow", "device-5:4", "--link", "device-3:1mbit:200ms"]
 SCHEDULES = {
     "sync": [],
-    "plan": ["--plan", "--quorum", "0.5"],
+    "plan": ["--plan"],
     "async": ["--mode", "async", "--staleness", "3"],
 }
 TARGET = 0.85
@@ -47,9 +51,11 @@ def run(name: str, rounds: int, out: Path) -> dict[str, object]:
     report = json.loads((out / "report.json").read_text())
     rounds_ = report["rounds"]
     hit = next((r for r in rounds_ if r["mean_accuracy"] >= TARGET), None)
+    live = report["time_to_accuracy_live"][f"{TARGET:.2f}"]
     tail = rounds_[-3:]
     return {
-        "seconds_to_target": None if hit is None else hit["elapsed_s"],
+        "seconds_to_target": None if live is None else live["elapsed_s"],
+        "round_summary_seconds": None if hit is None else hit["elapsed_s"],
         "round_to_target": None if hit is None else hit["round"],
         "final_mean_accuracy": report["final"]["mean_accuracy"],
         "last3_mean_accuracy": statistics.mean(r["mean_accuracy"] for r in tail),
@@ -77,14 +83,15 @@ def main() -> None:
                 results[name].append(result)
                 print(f"  {name:5} run {repeat + 1}: {result}", flush=True)
     print(
-        f"\nschedule | median s to {TARGET:.0%} | median round | final mean acc (median)"
-        " | median wall s | speed-up vs sync"
+        f"\nschedule | median s to {TARGET:.0%} | round-aligned s | median round"
+        " | final mean acc (median) | median wall s | speed-up vs sync"
     )
     base = _median(results["sync"], "seconds_to_target")
     for name, runs in results.items():
         seconds = _median(runs, "seconds_to_target")
         speedup = f"{base / seconds:.2f}x" if base and seconds else "n/a"
-        print(f"{name:5} | {_fmt(seconds)} | {_fmt(_median(runs, 'round_to_target'))}"
+        print(f"{name:5} | {_fmt(seconds)} | {_fmt(_median(runs, 'round_summary_seconds'))}"
+              f" | {_fmt(_median(runs, 'round_to_target'))}"
               f" | {_fmt(_median(runs, 'final_mean_accuracy'), 4)}"
               f" | {_fmt(_median(runs, 'wall_s'))} | {speedup}")  # fmt: skip
     if args.json is not None:

@@ -35,6 +35,7 @@ from coordinator.planning import (
     graph_of,
     mixing,
     uplinks,
+    with_no_wait,
 )
 from coordinator.settings import CoordinatorSettings
 from meshfl.contract import JobSpec, TopologyEvent, TopologyEventKind
@@ -173,7 +174,9 @@ def _apply(
         events.append(_event(version, start, "join", device.id, "joined", now))
     if version == int(topo.get("version", 1)):
         return added
-    graph = graph_for(spec, graph, store.get_devices(session, devices))
+    members = store.get_devices(session, devices)
+    graph = graph_for(spec, graph, members)
+    plans = with_no_wait(spec, plans, graph, members)
     w, gap = mixing(graph, spec)
     topo.update(
         devices=devices,

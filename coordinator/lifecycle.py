@@ -108,7 +108,7 @@ def start_job(
                 version=1, from_round=1, kind="start", device_id=None, reason=reason, at=now
             )
         ],
-        "plan": planning.device_plans(spec, chosen),
+        "plan": planning.with_no_wait(spec, planning.device_plans(spec, chosen), graph, chosen),
         "sit_out": sit_out,
     }
     for index, device in enumerate(chosen):

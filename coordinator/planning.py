@@ -30,7 +30,7 @@ import numpy as np
 from coordinator.db import Device
 from meshfl.contract import DevicePlan, JobSpec
 from meshfl.errors import ConfigError
-from meshfl.planning import battery_sit_out, link_aware_graph, plan_devices
+from meshfl.planning import battery_sit_out, link_aware_graph, no_wait, plan_devices
 from meshfl.topology import (
     Graph,
     build_graph,
@@ -55,6 +55,7 @@ __all__ = [
     "mixing",
     "topology_params",
     "uplinks",
+    "with_no_wait",
 ]
 
 DEFAULT_PLAN = DevicePlan(work_fraction=1.0, byte_budget=0)
@@ -62,6 +63,10 @@ DEFAULT_PLAN = DevicePlan(work_fraction=1.0, byte_budget=0)
 
 UNKNOWN_MODEL_BYTES = 2**31
 """Dense message size assumed for a model other than ``mlp`` (bytes): every budget binds."""
+
+PLAN_ROUND_FLOOR_S = 0.1
+"""Seconds of a round the planner assumes go to communication (MQTT round trips, the
+consensus step, evaluation): local training shorter than this is never cut."""
 
 _DEFAULT_DEGREE = 4
 _DEFAULT_PROBABILITY = 0.3
@@ -180,6 +185,8 @@ def device_plans(spec: JobSpec, devices: Sequence[Device]) -> dict[str, DevicePl
     if not spec.get("plan") or not devices:
         return plans
     profiles = [d.profile or {} for d in devices]
+    epochs = int(spec.get("local_epochs", 1))
+    samples = [_measured(p, "train_samples") for p in profiles]
     plan = plan_devices(
         [_measured(p, "train_samples_per_s") for p in profiles],
         uplinks(devices),
@@ -188,12 +195,34 @@ def device_plans(spec: JobSpec, devices: Sequence[Device]) -> dict[str, DevicePl
         budget_s=float(spec.get("uplink_budget_s", _DEFAULT_BUDGET_S)),
         dense_bytes=dense_bytes(spec),
         min_battery_percent=float(spec.get("min_battery_percent", 0.0)),
+        work_samples=[None if n is None else epochs * n for n in samples],
+        round_floor_s=PLAN_ROUND_FLOOR_S,
     )
     for k, i in enumerate(plan.participants):
         plans[devices[i].id] = DevicePlan(
             work_fraction=float(plan.work_fraction[k]), byte_budget=int(plan.byte_budget[k])
         )
     return plans
+
+
+def with_no_wait(
+    spec: JobSpec, plans: Mapping[str, DevicePlan], graph: Graph, devices: Sequence[Device]
+) -> dict[str, DevicePlan]:
+    """``plans`` with each device's ``no_wait``: the slow-link neighbours it mixes late.
+
+    Only for link-aware plans (:func:`link_aware`); ``graph`` is positioned like
+    ``devices``. See :func:`meshfl.planning.no_wait`.
+    """
+    out = {
+        d: DevicePlan(work_fraction=p["work_fraction"], byte_budget=p["byte_budget"])
+        for d, p in plans.items()
+    }
+    if not link_aware(spec):
+        return out
+    for i, skip in no_wait(graph, uplinks(devices)).items():
+        plan = out.setdefault(devices[i].id, DevicePlan(**DEFAULT_PLAN))
+        plan["no_wait"] = sorted(devices[j].id for j in skip)
+    return out
 
 
 def mixing(graph: Graph, spec: JobSpec) -> tuple[list[list[float]], float]:

@@ -20,6 +20,7 @@ from meshfl.contract import (
     CapabilityProfile,
     DevicePlan,
     DevicePublic,
+    DeviceRoundReport,
     JobDevicePublic,
     JobPublic,
     JobSpec,
@@ -35,6 +36,7 @@ __all__ = [
     "assignment",
     "device_plan",
     "device_public",
+    "device_reports",
     "job_public",
     "profile_sample",
     "round_summaries",
@@ -132,9 +134,12 @@ def device_plan(job: Job, device_id: str) -> DevicePlan:
     plan = (job.topology or {}).get("plan", {}).get(device_id)
     if plan is None:
         return DevicePlan(work_fraction=1.0, byte_budget=0)
-    return DevicePlan(
+    out = DevicePlan(
         work_fraction=float(plan["work_fraction"]), byte_budget=int(plan["byte_budget"])
     )
+    if plan.get("no_wait"):
+        out["no_wait"] = [str(d) for d in plan["no_wait"]]
+    return out
 
 
 def _job_device(
@@ -260,3 +265,19 @@ def assignment(job: Job, row: JobDevice, fleet: str) -> Assignment:
         start_round=row.joined_round,
         plan=device_plan(job, row.device_id),
     )
+
+
+def device_reports(job: Job, metrics: Sequence[RoundMetric]) -> list[DeviceRoundReport]:
+    """Each stored round report, by arrival, with its time since the job started."""
+    started = job.started_at or 0.0
+    ordered = sorted(metrics, key=lambda m: (m.received_at, m.id))
+    return [
+        DeviceRoundReport(
+            device_id=m.device_id,
+            round=m.round,
+            accuracy=float(m.metrics["accuracy"]),
+            bytes_sent=int(m.metrics["bytes_sent"]),
+            elapsed_s=m.received_at - started,
+        )
+        for m in ordered
+    ]

@@ -251,6 +251,7 @@ _PROFILE_NUMBERS: tuple[tuple[str, float], ...] = (
     ("cores", 1_000_000),
     ("memory_bytes", _MAX_COUNT),
     ("train_samples_per_s", 1e12),
+    ("train_samples", _MAX_COUNT),
     ("uplink_bytes_per_s", 1e15),
     ("downlink_bytes_per_s", 1e15),
     ("broker_rtt_s", 86_400),

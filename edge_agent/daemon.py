@@ -18,12 +18,13 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edge_agent.engine import status_payload
 from edge_agent.job import JobRunner
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Message, Transport
-from meshfl.contract import Assignment
+from meshfl.contract import Assignment, CapabilityProfile, ModelSpec
 from meshfl.errors import ConfigError
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
@@ -101,13 +102,46 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
         log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
         transport.publish(status_topic(fleet, device_id), _status("online"), retain=True)
         try:
-            _serve(config, client, transport, device_id, fleet, x, y)
+            link = _report_profile(config, client, transport, device_id, fleet, x, y)
+            _serve(config, client, transport, device_id, fleet, x, y, link)
         finally:
             transport.publish(status_topic(fleet, device_id), _status("offline"), retain=True)
             transport.flush(10.0)
             transport.close()
     finally:
         client.close()
+
+
+def _report_profile(
+    config: AgentConfig,
+    client: CoordinatorClient,
+    transport: Transport,
+    device_id: str,
+    fleet: str,
+    x: Any,
+    y: Any,
+) -> CapabilityProfile:
+    """Measure what a planner needs before the first job and report it.
+
+    The link through the broker, and training throughput on an MLP over the local data
+    (a job re-measures on its own model at its start): the coordinator plans a job's
+    first version from these figures. Returns the link figures (with ``measured_at``),
+    which the first job reuses instead of probing again.
+    """
+    from edge_agent.netprobe import measure_link
+    from edge_agent.probe import capability_profile
+    from edge_agent.trainer import Trainer
+
+    spec: ModelSpec = {"name": "mlp", "input_dim": int(x.shape[1]),
+                       "num_classes": int(y.max()) + 1, "hidden": [64]}  # fmt: skip
+    trainer = Trainer(spec, seed=0, learning_rate=0.1, batch_size=32, local_epochs=1,
+                      threads=config.threads, slowdown=config.slowdown)  # fmt: skip
+    profile = capability_profile(trainer, x, y)
+    link = measure_link(transport, fleet, device_id).profile_fields()
+    link["measured_at"] = time.time()
+    profile.update(link)
+    client.put_profile(device_id, profile)
+    return link
 
 
 def _serve(
@@ -118,6 +152,7 @@ def _serve(
     fleet: str,
     x: object,
     y: object,
+    link: CapabilityProfile,
 ) -> None:
     finished: set[str] = set()
     while True:
@@ -127,7 +162,7 @@ def _serve(
             continue
         job_id = assignment["job_id"]
         finished.add(job_id)
-        runner = JobRunner(config, client, transport, device_id, assignment)
+        runner = JobRunner(config, client, transport, device_id, assignment, link)
         try:
             runner.run(x, y)  # type: ignore[arg-type]
         except ConfigError as exc:  # this job does not fit this device: decline it

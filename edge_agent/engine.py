@@ -295,6 +295,7 @@ class GossipEngine:
         x: Params,
         weights: Mapping[str, float] | None = None,
         self_weight: float | None = None,
+        no_wait: Collection[str] = (),
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         """Publish this round's message, gather the neighbours', take the consensus step.
 
@@ -307,6 +308,9 @@ class GossipEngine:
         weights, self_weight
             This round's row of W (neighbour id → w_ij, and w_ii); ``None``: keep the
             row in use. Every neighbour must be a tracked peer.
+        no_wait
+            Neighbours behind slow links (the planner's ``no_wait``): never waited for,
+            mixed with their latest state if it is at most ``staleness`` rounds old.
 
         Returns
         -------
@@ -331,7 +335,8 @@ class GossipEngine:
             for env in self._held.pop(r):
                 self._apply(env)
         deadline = self.clock() + self.deadline_s
-        while not self._round_complete(round_, row):
+        slow = set(no_wait) & row
+        while not self._round_complete(round_, row - slow):
             if not self._wait_one(deadline):
                 break
         self.drain()
@@ -342,7 +347,8 @@ class GossipEngine:
             mixed = {p for p in row if self._fresh(p, round_)}
         else:
             mixed = {p for p in answered & row if self.algorithm.has_state(p)}
-            self._suspected = (row - answered) - self._need
+            mixed |= {p for p in slow - self._offline if self._fresh(p, round_)}
+            self._suspected = (row - answered) - self._need - slow
         missing = sorted(row - mixed)
         if missing:
             log.debug("round %d: mixing without %s", round_, ", ".join(missing))

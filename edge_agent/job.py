@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.engine import GossipEngine
+from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Transport
 from edge_agent.versions import TopologyVersion
@@ -40,8 +41,10 @@ class JobRunner:
         transport: Transport,
         device_id: str,
         assignment: Assignment,
+        link: CapabilityProfile | None = None,
     ) -> None:
         self.config = config
+        self.link = link  # the latest link figures (with measured_at), if any
         self.client = client
         self.transport = transport
         self.device_id = device_id
@@ -71,7 +74,7 @@ class JobRunner:
         )
         # Measured before the engine starts: the link probe borrows the transport's handler.
         profile = capability_profile(trainer, x, y)
-        profile.update(self._measure_link())
+        profile.update(self._fresh_link())
         self.client.put_profile(self.device_id, profile)
         refresh_s = self.config.profile_refresh_s
         measured = time.monotonic()
@@ -110,61 +113,72 @@ class JobRunner:
         sent0, received0 = self.transport.bytes_sent, self.transport.bytes_received
         sent, received = sent0, received0  # counters at the end of the previous round
         accuracy = 0.0
-        work = float(self.assignment["plan"]["work_fraction"])
+        self.plan = self.assignment["plan"]
         async_mode = spec.get("mode", "sync") == "async"
-        while round_ <= spec["rounds"]:
-            topo = self._switch(engine, topo, round_)
-            if topo.removed:
-                log.info(
-                    "removed from job %s at round %d (topology v%d)",
-                    self.job_id,
+        # Reports go out on the reporter's thread: no round waits for the coordinator.
+        reporter = Reporter(self.client, self.device_id, self.job_id, self.config.poll_s)
+        try:
+            while round_ <= spec["rounds"]:
+                topo = self._switch(engine, topo, round_)
+                if topo.removed:
+                    log.info(
+                        "removed from job %s at round %d (topology v%d)",
+                        self.job_id,
+                        round_,
+                        topo.version,
+                    )
+                    break
+                started = time.perf_counter()
+                result = trainer.train(x, y, work_fraction=float(self.plan["work_fraction"]))
+                if not math.isfinite(result.loss):
+                    raise ConfigError(
+                        f"training diverged at round {round_} (loss {result.loss}); lower the"
+                        " job's learning rate"
+                    )
+                weights, self_weight = topo.row(round_)
+                params, missing = engine.exchange(
                     round_,
-                    topo.version,
+                    trainer.params(),
+                    weights,
+                    self_weight,
+                    no_wait=self.plan.get("no_wait", ()),
                 )
-                break
-            started = time.perf_counter()
-            result = trainer.train(x, y, work_fraction=work)
-            if not math.isfinite(result.loss):
-                raise ConfigError(
-                    f"training diverged at round {round_} (loss {result.loss}); lower the"
-                    " job's learning rate"
-                )
-            weights, self_weight = topo.row(round_)
-            params, missing = engine.exchange(round_, trainer.params(), weights, self_weight)
-            trainer.set_params(params)
-            accuracy, loss = trainer.evaluate(x_test, y_test)
-            now_sent, now_received = self.transport.bytes_sent, self.transport.bytes_received
-            metrics: RoundMetrics = {
-                "round": round_,
-                "accuracy": accuracy,
-                "loss": loss,
-                "bytes_sent": now_sent - sent,
-                "bytes_received": now_received - received,
-                "missing": missing,
-                "sketch": self._sketch(params),
-                "train_s": result.seconds,
-                "round_s": time.perf_counter() - started,
-            }
-            sent, received = now_sent, now_received
-            self.client.post_metrics(self.job_id, metrics)
-            log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
-            if (
-                refresh_s > 0
-                and round_ < spec["rounds"]
-                and time.monotonic() - measured >= max(_MIN_REFRESH_S, refresh_s)
-            ):
-                # Between rounds only; the probe forwards neighbours' early deltas to the
-                # engine's handler, so nothing of the next round is lost.
-                profile = self._refresh_profile(profile)
-                self.client.put_profile(self.device_id, profile)
-                measured = time.monotonic()
-            if round_ < spec["rounds"] and self._poll(engine):
-                log.info("job %s was stopped by the coordinator", self.job_id)
-                break
-            nxt = round_ + 1
-            if async_mode:  # Hop-style: a device that fell behind skips to stay within τ
-                nxt = max(nxt, engine.frontier() - engine.staleness + 1)
-            round_ = nxt
+                trainer.set_params(params)
+                accuracy, loss = trainer.evaluate(x_test, y_test)
+                now_sent, now_received = self.transport.bytes_sent, self.transport.bytes_received
+                metrics: RoundMetrics = {
+                    "round": round_,
+                    "accuracy": accuracy,
+                    "loss": loss,
+                    "bytes_sent": now_sent - sent,
+                    "bytes_received": now_received - received,
+                    "missing": missing,
+                    "sketch": self._sketch(params),
+                    "train_s": result.seconds,
+                    "round_s": time.perf_counter() - started,
+                }
+                sent, received = now_sent, now_received
+                reporter.post_metrics(metrics)
+                log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
+                if (
+                    refresh_s > 0
+                    and round_ < spec["rounds"]
+                    and time.monotonic() - measured >= max(_MIN_REFRESH_S, refresh_s)
+                ):
+                    # Between rounds only; the probe forwards neighbours' early deltas to the
+                    # engine's handler, so nothing of the next round is lost.
+                    profile = self._refresh_profile(profile)
+                    reporter.put_profile(profile)
+                    measured = time.monotonic()
+                if round_ < spec["rounds"] and self._poll(reporter):
+                    log.info("job %s was stopped by the coordinator", self.job_id)
+                    break
+                nxt = round_ + 1
+                if async_mode:  # Hop-style: a device that fell behind skips to stay within τ
+                    nxt = max(nxt, engine.frontier() - engine.staleness + 1)
+                round_ = nxt
+        finally:
+            reporter.close()
         engine.leave()
         self.transport.flush(10.0)
         path = self.config.out / self.job_id / self.config.name / "model.pt"
@@ -210,16 +224,32 @@ class JobRunner:
         engine.set_peers(current.peers() | newer[-1].peers())
         return current
 
-    def _poll(self, engine: GossipEngine) -> bool:
-        """Read the assignment: learn a newer topology version; True if the job stopped."""
-        current = self.client.assignment(self.device_id)
+    def _poll(self, reporter: Reporter) -> bool:
+        """Take the latest assignment read: a newer topology version; True if stopped."""
+        polled, current = reporter.assignment()
+        if not polled:
+            return False
         if current is None or current["job_id"] != self.job_id:
             return current is None
         if current["status"] == "stopped":
             return True
         version = TopologyVersion.from_assignment(current)
         self.versions.setdefault(version.version, version)
+        self.plan = current["plan"]
         return False
+
+    def _fresh_link(self) -> CapabilityProfile:
+        """The link figures: the agent's recent measurement if young enough, else a new one.
+
+        A probe through a slow link takes seconds (5 × 64 KiB at 1 Mbit/s is 2.6 s) and
+        every neighbour waits for it at the start barrier; one made at connect time within
+        the profile refresh period is reused.
+        """
+        link = self.link or {}
+        age = time.time() - float(link.get("measured_at", 0.0))
+        if link and 0 <= age < max(_MIN_REFRESH_S, self.config.profile_refresh_s):
+            return {k: v for k, v in link.items() if k != "measured_at"}  # type: ignore[return-value]
+        return self._measure_link()
 
     def _measure_link(self) -> CapabilityProfile:
         from edge_agent.netprobe import measure_link

@@ -80,5 +80,6 @@ def capability_profile(
         profile["model_hash"] = trainer.spec_hash
         if x is not None and y is not None:
             profile["train_samples_per_s"] = trainer.measure_throughput(x, y)
+            profile["train_samples"] = len(x)
     profile["measured_at"] = time.time()
     return profile

@@ -24,6 +24,7 @@ GET      /jobs/{job_id}                              admin    → JobPublic
 POST     /jobs/{job_id}/start                        admin    → JobPublic
 POST     /jobs/{job_id}/stop                         admin    → JobPublic
 GET      /jobs/{job_id}/rounds                       admin    → list[RoundSummary]
+GET      /jobs/{job_id}/reports                      admin    → list[DeviceRoundReport]
 GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
 POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
 POST     /jobs/{job_id}/done                         device   DeviceDone → 204
@@ -65,6 +66,7 @@ __all__ = [
     "DeviceDone",
     "DevicePlan",
     "DevicePublic",
+    "DeviceRoundReport",
     "EnrolRequest",
     "EnrolResponse",
     "JobDevicePublic",
@@ -121,6 +123,7 @@ class CapabilityProfile(TypedDict, total=False):
     accelerator: str | None
     platform: str
     train_samples_per_s: float  # measured on the job's model and batch size
+    train_samples: int  # local training samples (one epoch) for the job measured on
     model_hash: str
     uplink_bytes_per_s: float  # measured through the broker
     downlink_bytes_per_s: float  # measured through the broker
@@ -239,11 +242,14 @@ class DevicePlan(TypedDict):
 
     ``work_fraction`` in (0, 1] scales the local work of a round (local steps =
     max(1, round(work_fraction · steps of ``local_epochs`` epochs))); ``byte_budget``
-    (bytes per message, 0: none) caps a top-k/random-k codec's density for this device.
+    (bytes per message, 0: none) caps a top-k/random-k codec's density for this device;
+    ``no_wait`` (absent: none) lists neighbours behind slow links whose latest state the
+    device mixes (within ``staleness`` rounds) without waiting for it.
     """
 
     work_fraction: float
     byte_budget: int
+    no_wait: NotRequired[list[str]]  # slow-link neighbours a sync round does not wait for
 
 
 class TopologyEvent(TypedDict):
@@ -315,6 +321,16 @@ class DeviceDecline(TypedDict):
     """Why a device cannot take part in a job (its data does not fit the model, ...)."""
 
     reason: str
+
+
+class DeviceRoundReport(TypedDict):
+    """One device's report of one round, as stored (``GET /jobs/{id}/reports``)."""
+
+    device_id: str
+    round: int
+    accuracy: float
+    bytes_sent: int
+    elapsed_s: float  # since the job started, by the coordinator's clock, when received
 
 
 class RoundSummary(TypedDict):

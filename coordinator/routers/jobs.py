@@ -13,6 +13,7 @@ from coordinator.settings import CoordinatorSettings
 from meshfl.contract import (
     DeviceDecline,
     DeviceDone,
+    DeviceRoundReport,
     JobPublic,
     JobSpec,
     RoundMetrics,
@@ -103,6 +104,13 @@ def get_rounds(job_id: str, _: AdminDep, session: SessionDep) -> list[RoundSumma
     job = store.get_job(session, job_id)
     rows = store.participants(session, job)
     return reports.round_summaries(job, rows, store.round_metrics(session, job))
+
+
+@router.get("/{job_id}/reports", response_model=list[DeviceRoundReport])
+def get_reports(job_id: str, _: AdminDep, session: SessionDep) -> list[DeviceRoundReport]:
+    """Every stored per-device round report, in arrival order (for time-based views)."""
+    job = store.get_job(session, job_id)
+    return reports.device_reports(job, store.round_metrics(session, job))
 
 
 @router.get("/{job_id}/topology", response_model=TopologyPublic)

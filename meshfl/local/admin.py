@@ -6,7 +6,14 @@ from typing import Any, cast
 
 import httpx
 
-from meshfl.contract import API_PREFIX, DevicePublic, JobPublic, JobSpec, RoundSummary
+from meshfl.contract import (
+    API_PREFIX,
+    DevicePublic,
+    DeviceRoundReport,
+    JobPublic,
+    JobSpec,
+    RoundSummary,
+)
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 
 __all__ = ["AdminClient", "settled_rounds"]
@@ -74,6 +81,10 @@ class AdminClient:
     def rounds(self, job_id: str) -> list[RoundSummary]:
         """Per-round aggregates of a job."""
         return cast(list[RoundSummary], self._call("GET", f"/jobs/{job_id}/rounds"))
+
+    def reports(self, job_id: str) -> list[DeviceRoundReport]:
+        """Every per-device round report of the job, in arrival order."""
+        return cast(list[DeviceRoundReport], self._call("GET", f"/jobs/{job_id}/reports"))
 
     def topology(self, job_id: str) -> dict[str, Any]:
         """The job's graph, mixing matrix and spectral gap."""

@@ -10,13 +10,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshfl.contract import JobPublic, RoundSummary
+from meshfl.contract import DeviceRoundReport, JobPublic, RoundSummary
 
 if TYPE_CHECKING:
     from meshfl.local.run import LocalConfig
     from meshfl.local.shaping import ShapingProxy
 
-__all__ = ["TARGETS", "build_report", "write_report"]
+__all__ = ["TARGETS", "build_report", "live_time_to_accuracy", "write_report"]
 
 _MEASURED = ("train_samples_per_s", "broker_rtt_s", "uplink_bytes_per_s", "downlink_bytes_per_s")
 
@@ -35,6 +35,7 @@ def build_report(
     churn: Sequence[Mapping[str, Any]] = (),
     links: Mapping[str, ShapingProxy] | None = None,
     profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    device_reports: Sequence[DeviceRoundReport] = (),
 ) -> dict[str, Any]:
     """The ``report.json`` document of a local run.
 
@@ -49,6 +50,10 @@ def build_report(
     churn : sequence of dict
         ``{"event": "join" | "kill", "device", "round", "at_s"}`` (see
         :class:`meshfl.local.fleet.Churn`).
+    device_reports : sequence of DeviceRoundReport
+        Every device's round reports (``GET /jobs/{id}/reports``), for
+        ``time_to_accuracy_live``: the first moment the mean of the devices' latest
+        accuracies reached each target — rounds need not align (async, slow links).
     links : mapping of str to ShapingProxy, optional
         The shaped links by device name: their spec and the bytes they carried.
     profiles : mapping of str to CapabilityProfile, optional
@@ -105,6 +110,7 @@ def build_report(
             "wall_s": wall_s,
         },
         "time_to_accuracy": _time_to_accuracy(rounds),
+        "time_to_accuracy_live": live_time_to_accuracy(device_reports),
         "topology": None if topology is None else topology_summary(topology, names),
         "churn": [dict(event) for event in churn],
         "links": [
@@ -149,6 +155,32 @@ def _time_to_accuracy(rounds: list[RoundSummary]) -> dict[str, dict[str, float] 
             if reached[key] is None and r["mean_accuracy"] >= target:
                 reached[key] = {"round": r["round"], "elapsed_s": r["elapsed_s"],
                                 "bytes_sent": sent}  # fmt: skip
+    return reached
+
+
+def live_time_to_accuracy(
+    reports: Sequence[DeviceRoundReport],
+) -> dict[str, dict[str, float] | None]:
+    """When the mean of every device's latest reported accuracy first reached each target.
+
+    Reports are taken in arrival order; the mean counts from the moment every device
+    that reports at all has reported once. ``{target: {"elapsed_s", "bytes_sent"}}``
+    (seconds since the job started, payload bytes sent by then), ``None`` if never.
+    """
+    reached: dict[str, dict[str, float] | None] = {f"{t:.2f}": None for t in TARGETS}
+    devices = {r["device_id"] for r in reports}
+    latest: dict[str, float] = {}
+    sent = 0
+    for r in sorted(reports, key=lambda r: r["elapsed_s"]):
+        latest[r["device_id"]] = r["accuracy"]
+        sent += r["bytes_sent"]
+        if len(latest) < len(devices):
+            continue
+        mean = sum(latest.values()) / len(latest)
+        for target in TARGETS:
+            key = f"{target:.2f}"
+            if reached[key] is None and mean >= target:
+                reached[key] = {"elapsed_s": r["elapsed_s"], "bytes_sent": sent}
     return reached
 
 

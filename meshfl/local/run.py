@@ -187,6 +187,7 @@ def run_local(
             config, final_job, rounds, time.monotonic() - started, failed,
             topology=admin.topology(job["job_id"]), churn=churn.events, links=proxies,
             profiles={d["device_id"]: d["profile"] for d in admin.devices()},
+            device_reports=admin.reports(job["job_id"]),
         )  # fmt: skip
     finally:
         if admin is not None:
@@ -332,7 +333,8 @@ def _wait_for_enrolment(admin: AdminClient, supervisor: Supervisor, n: int) -> N
         for child in agents(supervisor):
             if child.returncode is not None:
                 raise MeshflError(f"agent {child.name} failed at start-up: {child.last_line()}")
-        if len(admin.devices()) >= n:
+        # Ready: enrolled and reported its measured profile (the planner's input).
+        if sum("train_samples_per_s" in d["profile"] for d in admin.devices()) >= n:
             return
         time.sleep(0.2)
     raise MeshflError(f"only {len(admin.devices())} of {n} agents enrolled within 120 s")

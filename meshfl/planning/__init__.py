@@ -5,8 +5,10 @@ from meshfl.planning.planner import (
     battery_sit_out,
     byte_budgets,
     link_aware_graph,
+    no_wait,
     plan_devices,
     quorum_size,
+    slow_nodes,
     work_fractions,
 )
 
@@ -15,7 +17,9 @@ __all__ = [
     "battery_sit_out",
     "byte_budgets",
     "link_aware_graph",
+    "no_wait",
     "plan_devices",
     "quorum_size",
+    "slow_nodes",
     "work_fractions",
 ]

@@ -59,7 +59,13 @@ def _check_positive(value: float, what: str) -> float:
     return float(value)
 
 
-def work_fractions(samples_per_s: Sequence[float | None], *, floor: float = 0.05) -> list[float]:
+def work_fractions(
+    samples_per_s: Sequence[float | None],
+    *,
+    floor: float = 0.05,
+    work_samples: Sequence[float | None] | None = None,
+    round_floor_s: float = 0.0,
+) -> list[float]:
     """Return each device's share of the local work of a round.
 
     Load balancing in the style of OmniLearn (Tyagi & Sharma, 2025): the reference speed
@@ -68,6 +74,12 @@ def work_fractions(samples_per_s: Sequence[float | None], *, floor: float = 0.05
     A device 4× slower than the median does 0.25 of the work and finishes with the
     others; devices at or above the median do all of it (work is never scaled up).
 
+    With ``work_samples`` (samples one round trains on each device) the rule works on
+    compute time instead: ``t_i = work_samples_i / s_i``, the target is
+    ``T = max(round_floor_s, median t)`` and device ``i`` does ``clip(T / t_i, floor, 1)``.
+    Local work that fits in ``round_floor_s`` — the part of a round communication takes
+    anyway — is never cut: shortening it would cost accuracy and save no time.
+
     Parameters
     ----------
     samples_per_s : sequence of float or None
@@ -75,6 +87,11 @@ def work_fractions(samples_per_s: Sequence[float | None], *, floor: float = 0.05
         ``None`` or 0 means not measured: that device gets 1.0.
     floor : float, default 0.05
         Smallest fraction given, in (0, 1].
+    work_samples : sequence of float or None, optional
+        Samples a full round trains on, per device (local epochs × local samples);
+        ``None`` entries fall back to the throughput rule's reference.
+    round_floor_s : float, default 0
+        Seconds of a round not spent training (>= 0).
 
     Returns
     -------
@@ -94,9 +111,37 @@ def work_fractions(samples_per_s: Sequence[float | None], *, floor: float = 0.05
     measured = [float(s) for s in samples_per_s if s is not None and s > 0]
     if not measured:
         return [1.0] * len(samples_per_s)
+    if work_samples is not None:
+        return _time_fractions(samples_per_s, work_samples, floor, round_floor_s)
     reference = statistics.median(measured)
     return [
         1.0 if s is None or s <= 0 else min(1.0, max(floor, s / reference)) for s in samples_per_s
+    ]
+
+
+def _time_fractions(
+    samples_per_s: Sequence[float | None],
+    work_samples: Sequence[float | None],
+    floor: float,
+    round_floor_s: float,
+) -> list[float]:
+    if len(work_samples) != len(samples_per_s):
+        raise ConfigError("work_samples needs one value per device")
+    _check_measurements(work_samples, "samples per round")
+    if not _is_number(round_floor_s) or round_floor_s < 0:
+        raise ConfigError(f"round_floor_s must be >= 0, got {round_floor_s!r}")
+    times = [
+        None if s is None or s <= 0 or w is None else float(w) / float(s)
+        for s, w in zip(samples_per_s, work_samples, strict=True)
+    ]
+    by_speed = work_fractions(samples_per_s, floor=floor)  # where the time is unknown
+    known = [t for t in times if t is not None]
+    if not known:
+        return by_speed
+    target = max(float(round_floor_s), statistics.median(known))
+    return [
+        by_speed[i] if t is None else 1.0 if t <= 0 else min(1.0, max(floor, target / t))
+        for i, t in enumerate(times)
     ]
 
 
@@ -291,17 +336,10 @@ def link_aware_graph(
             f"link-aware planning needs one uplink per node: {len(uplink_bytes_per_s)} "
             f"uplinks for {n} nodes"
         )
-    if not _is_number(slow_fraction) or not 0.0 < slow_fraction <= 1.0:
-        raise ConfigError(f"slow_fraction must be in (0, 1], got {slow_fraction!r}")
-    _check_measurements(uplink_bytes_per_s, "uplink bytes/s")
-    measured = [float(u) for u in uplink_bytes_per_s if u is not None]
-    if not measured:
-        return graph
-    cutoff = slow_fraction * statistics.median(measured)
-    speed = [math.inf if u is None else float(u) for u in uplink_bytes_per_s]
-    slow = [s < cutoff for s in speed]
+    slow = slow_nodes(uplink_bytes_per_s, slow_fraction=slow_fraction)
     if not any(slow):
         return graph
+    speed = [math.inf if u is None else float(u) for u in uplink_bytes_per_s]
 
     adjacency = [set(graph.neighbours(i)) for i in range(n)]
     kept: set[tuple[int, int]] = set()
@@ -339,6 +377,54 @@ def link_aware_graph(
             lost[f] -= 1
             lost[c] -= 1
     return Graph(n, frozenset(_edge(i, j) for i in range(n) for j in adjacency[i] if i < j))
+
+
+def slow_nodes(
+    uplink_bytes_per_s: Sequence[float | None], *, slow_fraction: float = 0.25
+) -> list[bool]:
+    """Return whether each node's uplink is below ``slow_fraction`` × the median uplink.
+
+    Unmeasured (``None``) uplinks count as fast. Raises ConfigError on a negative or
+    non-finite uplink or ``slow_fraction`` outside (0, 1].
+    """
+    if not _is_number(slow_fraction) or not 0.0 < slow_fraction <= 1.0:
+        raise ConfigError(f"slow_fraction must be in (0, 1], got {slow_fraction!r}")
+    _check_measurements(uplink_bytes_per_s, "uplink bytes/s")
+    measured = [float(u) for u in uplink_bytes_per_s if u is not None]
+    if not measured:
+        return [False] * len(uplink_bytes_per_s)
+    cutoff = slow_fraction * statistics.median(measured)
+    return [u is not None and float(u) < cutoff for u in uplink_bytes_per_s]
+
+
+def no_wait(
+    graph: Graph, uplink_bytes_per_s: Sequence[float | None], *, slow_fraction: float = 0.25
+) -> dict[int, frozenset[int]]:
+    """Return, per fast node, the slow neighbours its synchronous rounds do not wait for.
+
+    A slow link (:func:`slow_nodes`) is the one a synchronous round would wait on every
+    time; its fast neighbour mixes the slow node's latest state instead (within the job's
+    staleness bound) while the slow node itself still waits for its neighbours. So a
+    slow link slows only itself, and the fast part of the graph keeps its pace. Nodes
+    with nothing to skip are absent from the result.
+
+    Raises
+    ------
+    ConfigError
+        If the uplinks are not one per node, or as :func:`slow_nodes`.
+
+    """
+    if len(uplink_bytes_per_s) != graph.n:
+        raise ConfigError(
+            f"no_wait needs one uplink per node: {len(uplink_bytes_per_s)} for {graph.n} nodes"
+        )
+    slow = slow_nodes(uplink_bytes_per_s, slow_fraction=slow_fraction)
+    out: dict[int, frozenset[int]] = {}
+    for i in range(graph.n):
+        skip = frozenset(j for j in graph.neighbours(i) if slow[j]) if not slow[i] else None
+        if skip:
+            out[i] = skip
+    return out
 
 
 def _edge(i: int, j: int) -> tuple[int, int]:
@@ -393,6 +479,8 @@ def plan_devices(
     budget_s: float,
     dense_bytes: int,
     min_battery_percent: float,
+    work_samples: Sequence[float | None] | None = None,
+    round_floor_s: float = 0.0,
 ) -> Plan:
     """Plan a round for ``n`` devices from their measured capability profiles.
 
@@ -411,6 +499,8 @@ def plan_devices(
         Bytes of one message without a budget, >= 1.
     min_battery_percent : float
         Battery threshold in [0, 100]; 0 turns it off.
+    work_samples, round_floor_s : optional
+        As in :func:`work_fractions` (compute-time planning with a round floor).
 
     Returns
     -------
@@ -432,7 +522,11 @@ def plan_devices(
         )
     sit_out = battery_sit_out(battery_percent, charging, min_battery_percent)
     participants = tuple(i for i in range(len(samples_per_s)) if i not in sit_out)
-    fractions = work_fractions([samples_per_s[i] for i in participants])
+    fractions = work_fractions(
+        [samples_per_s[i] for i in participants],
+        work_samples=None if work_samples is None else [work_samples[i] for i in participants],
+        round_floor_s=round_floor_s,
+    )
     budgets = byte_budgets(
         [uplink_bytes_per_s[i] for i in participants], budget_s=budget_s, dense_bytes=dense_bytes
     )

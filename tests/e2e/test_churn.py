@@ -14,12 +14,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def test_a_join_and_a_death_both_reach_the_topology_and_the_report(tmp_path: Path) -> None:
     config = LocalConfig(
         agents=8,
-        rounds=20,
+        rounds=30,
         join_at=(5,),
         kill=(("device-2", 8),),
-        # Train 20x slower (sleeping, not spinning): rounds keep their pace while the
-        # CPUs stay free for the joiner's start-up (imports, enrolment) on a small host.
-        slow=tuple((f"device-{i}", 20.0) for i in range(8)),
+        # Train 40x slower (sleeping, not spinning): rounds keep their pace while the
+        # CPUs stay free for the joiner's start-up (imports, enrolment, profile) on a
+        # small host; W1 rounds are otherwise ~0.1 s, over before a process starts.
+        slow=tuple((f"device-{i}", 40.0) for i in range(8)),
         round_deadline_s=15.0,
         out=tmp_path / "run",
     )
@@ -29,7 +30,7 @@ def test_a_join_and_a_death_both_reach_the_topology_and_the_report(tmp_path: Pat
 
     report = result.report
     assert report["status"] == "completed"
-    assert [r["round"] for r in report["rounds"]] == list(range(1, 21))
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 31))
     assert [(e["event"], e["device"], e["round"]) for e in report["churn"]] == [
         ("join", "device-8", 5),
         ("kill", "device-2", 8),

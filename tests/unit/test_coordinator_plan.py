@@ -155,6 +155,9 @@ def test_the_plan_follows_the_measured_profiles(fleet: Fleet) -> None:
         degree[topo["devices"][j]] += 1
     w = np.array(topo["mixing_matrix"])
     slow_link = fleet.assignment(ids[1]).json()
+    # The slow link's one neighbour mixes it late instead of waiting for it.
+    (neighbour,) = [d for d in ids if plans[d].get("no_wait")]
+    assert plans[neighbour].pop("no_wait") == [ids[1]]
     assert plans[ids[0]] == {"work_fraction": pytest.approx(0.25), "byte_budget": 0}
     assert plans[ids[1]] == {"work_fraction": 1.0, "byte_budget": 6250}  # 125 kB/s · 0.05 s
     assert plans[ids[2]] == plans[ids[3]] == {"work_fraction": 1.0, "byte_budget": 0}
@@ -408,3 +411,41 @@ def test_job_start_refuses_an_unknown_topology_name(fleet: Fleet) -> None:
               "--topology", "hypercube", "--no-follow"],
     )  # fmt: skip
     assert r.exit_code != 0 and "hypercube" in str(r.exception or r.output)
+
+
+def test_training_that_fits_in_the_round_floor_is_not_cut(fleet: Fleet) -> None:
+    # 4x slower, but 40 samples at 100 samples/s is 0.4 s: above the 0.1 s floor, so cut;
+    # with 4 samples (0.04 s) the slow device holds nobody and keeps all its work.
+    ids = [fleet.enrol(f"pi-{k}") for k in range(4)]
+    fleet.put_profile(ids[0], {**FAST, "train_samples_per_s": 100.0, "train_samples": 40})
+    for device in ids[1:]:
+        fleet.put_profile(device, {**FAST, "train_samples": 40})
+    job_id = fleet.start(plan=True)
+    assert by_id(fleet.job(job_id))[ids[0]]["plan"]["work_fraction"] == pytest.approx(0.25)
+    fleet.done(job_id, ids[0])
+    for device in ids[1:]:
+        fleet.done(job_id, device)
+
+    for device in ids:
+        fleet.put_profile(device, {**FAST, "train_samples": 4})
+    fleet.put_profile(ids[0], {**FAST, "train_samples_per_s": 100.0, "train_samples": 4})
+    second = fleet.start(plan=True)
+    assert by_id(fleet.job(second))[ids[0]]["plan"]["work_fraction"] == 1.0
+
+
+def test_per_device_reports_in_arrival_order(fleet: Fleet) -> None:
+    ids = [fleet.enrol(f"pi-{k}") for k in range(4)]
+    for device in ids:
+        fleet.put_profile(device, FAST)
+    job_id = fleet.start()
+    fleet.now += 2.0
+    assert fleet.report(job_id, ids[1], 1, accuracy=0.25) == 204
+    fleet.now += 1.0
+    assert fleet.report(job_id, ids[0], 1, accuracy=0.75) == 204
+    reply = fleet.client.get(f"{API}/jobs/{job_id}/reports", headers=ADMIN_H)
+    assert reply.status_code == 200
+    assert [(r["device_id"], r["round"], r["accuracy"], r["elapsed_s"]) for r in reply.json()] == [
+        (ids[1], 1, 0.25, 2.0),
+        (ids[0], 1, 0.75, 3.0),
+    ]
+    assert fleet.client.get(f"{API}/jobs/{job_id}/reports").status_code == 401

@@ -274,3 +274,20 @@ def test_one_peer_exponential_rows_follow_the_round() -> None:
         offsets.append(sorted(weights))
     assert offsets[0] != offsets[1]  # time-varying: another matching each round
     assert offsets[0] == offsets[3]  # period ⌈log2 8⌉ = 3
+
+
+def test_a_slow_link_neighbour_is_mixed_late_not_waited_for() -> None:
+    fleet = Fleet(complete(3), staleness=2, deadline_s=30.0)
+    missing: dict[int, list[list[str]]] = {0: [], 1: []}
+
+    def fast(i: int) -> None:
+        x = dict(fleet.x0)
+        for r in range(1, 5):  # dev-2 never publishes: a sync round would wait 30 s
+            x, miss = fleet.engines[i].exchange(
+                r, drift(x, r, i), *fleet.rows[i], no_wait={"dev-2"}
+            )
+            missing[i].append(miss)
+
+    fleet.run(fast, [0, 1])
+    # Its (round-0) state is mixed while within τ = 2 rounds, then left out as too old.
+    assert missing == {i: [[], [], ["dev-2"], ["dev-2"]] for i in (0, 1)}

@@ -311,3 +311,19 @@ def test_cli_refuses_bad_options_in_one_line(
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("meshfl: error:")
     assert fragment in errors[0]
+
+
+def test_live_time_to_accuracy_follows_the_devices_latest_reports() -> None:
+    from meshfl.local.report import live_time_to_accuracy
+
+    reports = [
+        {"device_id": "a", "round": 1, "accuracy": 0.70, "bytes_sent": 10, "elapsed_s": 1.0},
+        {"device_id": "a", "round": 2, "accuracy": 0.95, "bytes_sent": 10, "elapsed_s": 2.0},
+        {"device_id": "b", "round": 1, "accuracy": 0.75, "bytes_sent": 10, "elapsed_s": 3.0},
+        {"device_id": "b", "round": 2, "accuracy": 0.90, "bytes_sent": 10, "elapsed_s": 4.0},
+    ]
+    reached = live_time_to_accuracy(reports)  # type: ignore[arg-type]
+    # The mean counts once both reported: (0.95 + 0.75) / 2 = 0.85 at 3 s, 0.925 at 4 s.
+    assert reached["0.80"] == {"elapsed_s": 3.0, "bytes_sent": 30}
+    assert reached["0.85"] == {"elapsed_s": 3.0, "bytes_sent": 30}
+    assert reached["0.90"] == {"elapsed_s": 4.0, "bytes_sent": 40}

@@ -16,8 +16,10 @@ from meshfl.planning import (
     battery_sit_out,
     byte_budgets,
     link_aware_graph,
+    no_wait,
     plan_devices,
     quorum_size,
+    slow_nodes,
     work_fractions,
 )
 from meshfl.topology import Graph, build_graph, complete, exponential, ring, star, torus
@@ -40,8 +42,10 @@ def test_exported_members() -> None:
             "battery_sit_out",
             "byte_budgets",
             "link_aware_graph",
+            "no_wait",
             "plan_devices",
             "quorum_size",
+            "slow_nodes",
             "work_fractions",
         ]
     )
@@ -366,3 +370,38 @@ def test_plan_devices_everyone_sits_out_and_length_mismatch() -> None:
         plan_devices(
             [1.0, 2.0], [1.0], [5.0], [False], budget_s=0.05, dense_bytes=1, min_battery_percent=0
         )
+
+
+# ---------------------------------------------------------------- compute time, no-wait
+
+
+def test_work_that_fits_in_the_round_floor_is_not_cut() -> None:
+    speeds = [4000.0, 1000.0, 4000.0, 4000.0]  # device 1 is 4x slower
+    samples = [200.0] * 4  # 50 ms of training for the fast ones, 200 ms for device 1
+    assert work_fractions(speeds, work_samples=samples, round_floor_s=0.0) == pytest.approx(
+        [1.0, 0.25, 1.0, 1.0]
+    )
+    # A round spends 0.3 s communicating anyway: 200 ms of training holds nobody.
+    assert work_fractions(speeds, work_samples=samples, round_floor_s=0.3) == [1.0] * 4
+    # At 0.1 s the slow device does half its work, and finishes within the floor.
+    assert work_fractions(speeds, work_samples=samples, round_floor_s=0.1) == pytest.approx(
+        [1.0, 0.5, 1.0, 1.0]
+    )
+
+
+def test_work_samples_must_match_and_be_valid() -> None:
+    with pytest.raises(ConfigError, match="one value per device"):
+        work_fractions([1.0, 2.0], work_samples=[1.0])
+    with pytest.raises(ConfigError, match="round_floor_s"):
+        work_fractions([1.0], work_samples=[1.0], round_floor_s=-1.0)
+
+
+def test_fast_nodes_do_not_wait_for_their_slow_neighbours() -> None:
+    uplinks: list[float | None] = [1e8] * 8
+    uplinks[3] = 125_000.0
+    assert slow_nodes(uplinks) == [i == 3 for i in range(8)]
+    skip = no_wait(ring(8), uplinks)
+    assert skip == {2: frozenset({3}), 4: frozenset({3})}  # node 3 itself waits as usual
+    assert no_wait(ring(8), [None] * 8) == {}
+    with pytest.raises(ConfigError, match="one uplink per node"):
+        no_wait(ring(8), uplinks[:4])

@@ -1,0 +1,121 @@
+"""Talk to the coordinator off the round loop: round reports in order, assignment polls.
+
+The coordinator is the control plane: no round should wait for it. A running job hands
+its round reports and re-measured profiles to a :class:`Reporter`, whose thread posts
+them in order (the REST client retries transient failures) and reads the device's
+assignment every ``poll_s`` seconds, so that the round loop learns of a stop or a new
+topology version without a request of its own. Topology versions also arrive on the
+control topic; the poll is the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from edge_agent.rest import CoordinatorClient
+from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
+from meshfl.errors import MeshflError
+
+__all__ = ["Reporter"]
+
+log = logging.getLogger("meshfl.agent.reporter")
+
+_STOP = object()
+
+
+class Reporter:
+    """A background thread owning the device's REST client while a job runs.
+
+    Parameters
+    ----------
+    client
+        The device's :class:`CoordinatorClient`; only this thread uses it until
+        :meth:`close` returns.
+    device_id, job_id
+        Whose reports and assignment.
+    poll_s
+        Seconds between assignment reads (default 1).
+
+    A request that fails for good (the client gave up retrying, or the coordinator
+    refused it) is kept and raised by the next :meth:`post_metrics`, :meth:`put_profile`
+    or :meth:`close` on the caller's thread: the job fails as it would have inline.
+
+    """
+
+    def __init__(
+        self, client: CoordinatorClient, device_id: str, job_id: str, poll_s: float = 1.0
+    ) -> None:
+        self.client, self.device_id, self.job_id = client, device_id, job_id
+        self.poll_s = poll_s
+        self._queue: queue.Queue[object] = queue.Queue()
+        self._lock = threading.Lock()
+        self._latest: Assignment | None = None
+        self._polled = False
+        self._error: MeshflError | None = None
+        self._thread = threading.Thread(target=self._run, name="meshfl-reporter", daemon=True)
+        self._thread.start()
+
+    def post_metrics(self, metrics: RoundMetrics) -> None:
+        """Queue one round's report (posted in order, idempotent on the coordinator)."""
+        self._raise()
+        self._queue.put(lambda: self.client.post_metrics(self.job_id, metrics))
+
+    def put_profile(self, profile: CapabilityProfile) -> None:
+        """Queue a re-measured capability profile."""
+        self._raise()
+        self._queue.put(lambda: self.client.put_profile(self.device_id, profile))
+
+    def assignment(self) -> tuple[bool, Assignment | None]:
+        """Return ``(polled, latest)``: whether a poll completed yet, and what it read."""
+        with self._lock:
+            return self._polled, self._latest
+
+    @property
+    def backlog(self) -> int:
+        """Requests queued and not yet sent."""
+        return self._queue.qsize()
+
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Send everything queued, stop the thread, and raise a request's failure."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("%d reports still unsent after %.0f s", self.backlog, timeout_s)
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        polled_at = time.monotonic()
+        while True:
+            wait = max(0.0, polled_at + self.poll_s - time.monotonic())
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                return
+            if item is not None and self._error is None:
+                self._call(item)  # type: ignore[arg-type]
+            if time.monotonic() - polled_at >= self.poll_s and self._error is None:
+                self._call(self._poll)
+                polled_at = time.monotonic()
+
+    def _poll(self) -> None:
+        current = self.client.assignment(self.device_id)
+        with self._lock:
+            self._latest, self._polled = current, True
+
+    def _call(self, request: Callable[[], object]) -> None:
+        try:
+            request()
+        except MeshflError as exc:
+            log.error("coordinator request failed: %s", exc)
+            self._error = exc
