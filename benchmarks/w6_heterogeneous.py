@@ -9,7 +9,10 @@ schedules, each ``--repeats`` times, interleaved so that machine noise hits all 
 (b) ``plan``  — capability-aware planning: local work cut only where training would hold
     a round, the slow link a sparser codec, one edge, and a neighbour that mixes its
     latest state instead of waiting for it;
-(c) ``async`` — AD-PSGD-style gossip with bounded staleness τ = 3 (Hop-style skipping).
+(c) ``async`` — AD-PSGD-style gossip with bounded staleness τ = 3 (Hop-style skipping);
+
+and, as the ceiling any schedule could reach, ``ideal``: the same job with no slowed
+device and no slow link.
 
 The time to the target is the first moment (coordinator clock, since the job started)
 the mean of the eight devices' latest reported test accuracies reached it
@@ -36,6 +39,7 @@ from machine import describe
 
 HETEROGENEITY = ["--slow", "device-1:4", "--slow", "device-5:4", "--link", "device-3:1mbit:200ms"]
 SCHEDULES = {
+    "ideal": [],  # the same job with no slowed device and no slow link: the ceiling
     "sync": [],
     "plan": ["--plan"],
     "async": ["--mode", "async", "--staleness", "3"],
@@ -45,8 +49,9 @@ TARGET = 0.85
 
 def run(name: str, rounds: int, out: Path) -> dict[str, object]:
     """One `meshfl local` run; returns its time to target, final accuracy and wall time."""
+    heterogeneity = [] if name == "ideal" else HETEROGENEITY
     command = [sys.executable, "-m", "meshfl", "local", "--rounds", str(rounds),
-               *HETEROGENEITY, *SCHEDULES[name], "--out", str(out)]  # fmt: skip
+               *heterogeneity, *SCHEDULES[name], "--out", str(out)]  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     report = json.loads((out / "report.json").read_text())
     rounds_ = report["rounds"]

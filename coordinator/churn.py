@@ -207,7 +207,10 @@ def departures(
       ``one-peer-exponential``: the latest 2 rounds in which they were paired), and it
       has been silent for more than ``settings.depart_evidence_s`` seconds and twice its
       latest reported ``round_s`` (so a slow but live device is not mistaken for a dead
-      one) — reason :data:`MISSED_BY_ALL`.
+      one) — reason :data:`MISSED_BY_ALL`;
+    - by silence at the end: every other participant is done and it has been silent for
+      more than ``settings.depart_at_end_s`` (a running agent asks for its assignment
+      every 0.5 s): the job completes instead of waiting out ``depart_after_s``.
     """
     topo = job.topology
     if job.status != "running" or topo is None:
@@ -230,6 +233,10 @@ def departures(
             session, job, topo, row, now, settings.depart_evidence_s
         ):
             leaving[row.device_id] = MISSED_BY_ALL
+        elif silent > settings.depart_at_end_s and all(
+            r.done for r in rows if r.device_id != row.device_id
+        ):  # nobody is left to miss it: a running agent polls every 0.5 s, this one stopped
+            leaving[row.device_id] = f"silent for {silent:.0f} s after the others finished"
     return leaving
 
 

@@ -47,7 +47,12 @@ class CoordinatorSettings(BaseSettings):
         Seconds. A participant that every current neighbour listed as ``missing`` in each
         of their latest 2 round reports leaves once it has been silent for this long (or
         twice its latest reported round time, whichever is longer): a killed agent leaves
-        within a few rounds. Default 3.
+        within a few rounds. A live agent asks for its assignment every ``poll_s`` (0.5 s)
+        while it runs a job, so 1.5 s of silence is three missed polls. Default 1.5.
+    depart_at_end_s : float
+        Seconds. Once every other participant is done, one silent this long leaves (it
+        died near the end, or its coordinator link did: 20 missed polls), and the job
+        completes. Default 10.
 
     """
 
@@ -61,4 +66,5 @@ class CoordinatorSettings(BaseSettings):
     stale_after_s: float = Field(default=120.0, gt=0)
     live_within_s: float = Field(default=15.0, gt=0)
     depart_after_s: float = Field(default=60.0, gt=0)
-    depart_evidence_s: float = Field(default=3.0, gt=0)
+    depart_evidence_s: float = Field(default=1.5, gt=0)
+    depart_at_end_s: float = Field(default=10.0, gt=0)

@@ -179,10 +179,10 @@ class JobRunner:
                 round_ = nxt
         finally:
             reporter.close()
-        engine.leave()
-        self.transport.flush(10.0)
         path = self.config.out / self.job_id / self.config.name / "model.pt"
         trainer.save(path)
+        # Done first: a flush on a slow link can take seconds, and the coordinator takes
+        # a participant silent that long after the others finished for a dead one.
         self.client.post_done(
             self.job_id,
             {
@@ -192,6 +192,8 @@ class JobRunner:
                 "model_path": str(path.resolve()),
             },
         )
+        engine.leave()
+        self.transport.flush(10.0)
         if engine.stats.rejected:
             log.warning("rejected %d malformed messages", engine.stats.rejected)
 

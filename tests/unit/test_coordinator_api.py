@@ -692,7 +692,7 @@ def test_job_completes_when_every_participant_is_done(client: TestClient, clock:
     assert client.get(f"{API}/devices/{d0}/assignment", headers=h0).status_code == 204
 
 
-def test_a_silent_device_is_declared_lost_after_stale_after_s(
+def test_a_silent_device_leaves_once_the_others_finished(
     client: TestClient, clock: FakeClock
 ) -> None:
     job_id, devices = running_job(client, clock, n=3, rounds=2)
@@ -704,16 +704,18 @@ def test_a_silent_device_is_declared_lost_after_stale_after_s(
         client.post(f"{url}/done", json=DONE, headers=h)
     last_heard = clock.now
     app = client.app
-    app.dependency_overrides[get_now] = lambda: last_heard + 119.0  # type: ignore[attr-defined]
+    app.dependency_overrides[get_now] = lambda: last_heard + 9.0  # type: ignore[attr-defined]
     before = client.get(url, headers=ADMIN_H).json()
-    app.dependency_overrides[get_now] = lambda: last_heard + 121.0  # type: ignore[attr-defined]
+    app.dependency_overrides[get_now] = lambda: last_heard + 11.0  # type: ignore[attr-defined]
     after = client.get(url, headers=ADMIN_H).json()
     lost_id, lost_h = devices[2]
-    told = client.get(f"{API}/devices/{lost_id}/assignment", headers=lost_h).json()
+    told = client.get(f"{API}/devices/{lost_id}/assignment", headers=lost_h)
     assert before["status"] == "running"
-    assert (after["status"], after["finished_at"]) == ("completed", last_heard + 121.0)
-    assert after["devices"][2]["missing_rounds"] == [2] and not after["devices"][2]["done"]
-    assert told["status"] == "completed"
+    assert (after["status"], after["finished_at"]) == ("completed", last_heard + 11.0)
+    lost = after["devices"][2]
+    assert lost["missing_rounds"] == [2] and lost["done"] and lost["left_round"] == 4
+    assert lost["error"].startswith("left at round 4: silent for 11 s after the others")
+    assert told.status_code == 204  # it left: an ended job has nothing more for it
 
 
 def test_stop_ends_a_job_and_tells_its_devices(client: TestClient, clock: FakeClock) -> None:

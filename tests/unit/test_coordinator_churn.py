@@ -142,7 +142,7 @@ def test_evidence_waits_for_silence_and_for_a_slow_devices_rounds(fleet: Fleet) 
     for rnd in (2, 3):
         for device in (ids[1], ids[3]):
             fleet.report(job_id, device, rnd, missing=(ids[2],))
-    fleet.now = 1_004.0  # silent 4 s > 3 s, but its rounds take 5 s: wait 10 s
+    fleet.now = 1_004.0  # silent 4 s > 1.5 s, but its rounds take 5 s: wait 10 s
     fleet.job(job_id)
     waited = fleet.topology(job_id)["version"]
     fleet.now = 1_011.0
