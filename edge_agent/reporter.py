@@ -39,6 +39,11 @@ class Reporter:
         Whose reports and assignment.
     poll_s
         Seconds between assignment reads (default 1).
+    max_backlog
+        Round reports allowed to wait unsent (default 4). :meth:`post_metrics` blocks
+        while more are waiting: a coordinator that cannot keep up slows the rounds
+        rather than falling ever further behind them (its view of the job, and the round
+        it plans topology changes from, stays within a few rounds of the devices).
 
     A request that fails for good (the client gave up retrying, or the coordinator
     refused it) is kept and raised by the next :meth:`post_metrics`, :meth:`put_profile`
@@ -47,10 +52,16 @@ class Reporter:
     """
 
     def __init__(
-        self, client: CoordinatorClient, device_id: str, job_id: str, poll_s: float = 1.0
+        self,
+        client: CoordinatorClient,
+        device_id: str,
+        job_id: str,
+        poll_s: float = 1.0,
+        max_backlog: int = 4,
     ) -> None:
         self.client, self.device_id, self.job_id = client, device_id, job_id
         self.poll_s = poll_s
+        self._slots = threading.BoundedSemaphore(max_backlog)
         self._queue: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
         self._latest: Assignment | None = None
@@ -60,9 +71,23 @@ class Reporter:
         self._thread.start()
 
     def post_metrics(self, metrics: RoundMetrics) -> None:
-        """Queue one round's report (posted in order, idempotent on the coordinator)."""
+        """Queue one round's report (posted in order, idempotent on the coordinator).
+
+        Blocks while ``max_backlog`` reports are waiting (backpressure).
+        """
         self._raise()
-        self._queue.put(lambda: self.client.post_metrics(self.job_id, metrics))
+        while not self._slots.acquire(timeout=0.5):
+            self._raise()
+            if not self._thread.is_alive():
+                return
+
+        def post() -> None:
+            try:
+                self.client.post_metrics(self.job_id, metrics)
+            finally:
+                self._slots.release()
+
+        self._queue.put(post)
 
     def put_profile(self, profile: CapabilityProfile) -> None:
         """Queue a re-measured capability profile."""

@@ -171,9 +171,8 @@ def local(
         )
     for name, why in result.failed_agents.items():
         console.print(f"[yellow]agent {name} failed: {why}[/]")
-    for event in result.report["churn"]:
-        verb = "joined" if event["event"] == "join" else "was killed"
-        console.print(f"{event['device']} {verb} after round {event['round']}")
+    for line in _churn_lines(result.report):
+        console.print(line)
     topo = result.report["topology"]
     if topo is not None:
         console.print(
@@ -190,6 +189,34 @@ def local(
         f"report: {result.report_path}"
         + (f", plot: {result.plot_path}" if result.plot_path else "")
     )
+
+
+def _churn_lines(report: dict[str, Any]) -> list[str]:
+    """What each --join-at / --kill really did, checked against the job's events."""
+    devices = {d["name"]: d for d in report["devices"]}
+    events = (report["topology"] or {}).get("events", [])
+    lines = []
+    for event in report["churn"]:
+        name, round_ = event["device"], event["round"]
+        if event["event"] == "join":
+            joined = next((e for e in events if e["kind"] == "join" and e["device"] == name), None)
+            lines.append(
+                f"{name} started after round {round_} and joined from round {joined['from_round']}"
+                if joined
+                else f"[yellow]{name} started after round {round_} but was never admitted: the"
+                " job ended before it asked for work (an agent takes seconds to start; use"
+                " more --rounds)[/]"
+            )
+            continue
+        device = devices.get(name, {})
+        finished = device.get("left_round") is None and not device.get("missing_rounds")
+        lines.append(
+            f"[yellow]{name} was SIGKILLed after round {round_}, but it had already"
+            " reported every round (agents run ahead of the coordinator's view)[/]"
+            if finished
+            else f"{name} was SIGKILLed after round {round_}"
+        )
+    return lines
 
 
 def _raise_interrupt(*_: object) -> None:

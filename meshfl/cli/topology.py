@@ -62,6 +62,11 @@ def show(
         if not kind.lower().endswith(".json"):
             raise ConfigError(f"topology {kind!r} needs --devices N (the number of nodes)")
         devices = from_edge_list(Path(kind)).n
+    if devices > MAX_DEVICES:
+        raise ConfigError(
+            f"--devices {devices} is too many to compute a spectral gap here (dense"
+            f" eigenvalues, O(n³) time, n² memory); use at most {MAX_DEVICES}"
+        )
     graph = build_graph(
         kind, devices, degree=degree, probability=probability, seed=seed, round_=round_
     )
@@ -81,6 +86,10 @@ def show(
     _print_summary(kind, graph, mixing, gap)
 
 
+MAX_DEVICES = 2048
+"""Largest graph ``meshfl topology show`` builds (a dense 2048² W takes ~32 MB, seconds)."""
+
+
 def _print_summary(kind: str, graph: Graph, mixing: str, gap: float) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -98,7 +107,7 @@ def _print_summary(kind: str, graph: Graph, mixing: str, gap: float) -> None:
     summary.add_row("degree min / max", f"{min(degrees)} / {max(degrees)}")
     summary.add_row("connected", ("yes" if connected else "no") + note)
     summary.add_row("mixing", mixing)
-    summary.add_row("spectral gap 1 − |λ₂(W)|", f"{gap:.4f}")
+    summary.add_row("spectral gap 1 − |λ₂(W)|", f"{gap:.4g}")
     console = Console()
     console.print(summary)
     if graph.n <= _NEIGHBOUR_TABLE_MAX:

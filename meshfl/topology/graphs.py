@@ -603,11 +603,16 @@ TOPOLOGIES: tuple[str, ...] = (
 """Names accepted by :func:`build_graph` (besides a path to a ``.json`` edge list)."""
 
 
+DEFAULT_DEGREE = 4
+"""``build_graph``'s default degree (random-regular d, small-world k); for small-world on a
+fleet too small for it, the largest even k < n is used instead."""
+
+
 def build_graph(
     kind: str | os.PathLike[str],
     n: int,
     *,
-    degree: int = 4,
+    degree: int = DEFAULT_DEGREE,
     probability: float = 0.3,
     seed: int = 0,
     round_: int = 0,
@@ -674,7 +679,8 @@ def build_graph(
     if kind == "erdos-renyi":
         return erdos_renyi(n, probability, seed)
     if kind == "small-world":
-        # A small fleet cannot hold the default lattice degree: use the largest even k < n.
-        k = min(degree, (n - 1) // 2 * 2)
+        # A small fleet cannot hold the *default* lattice degree: use the largest even
+        # k < n. A degree the caller chose is built as asked (or refused, naming it).
+        k = min(degree, (n - 1) // 2 * 2) if degree == DEFAULT_DEGREE else degree
         return small_world(n, k if k >= 2 else degree, probability, seed)
     return {"ring": ring, "complete": complete, "star": star, "exponential": exponential}[kind](n)

@@ -79,6 +79,8 @@ def test_show_parameters_and_a_json_edge_list(tmp_path: Path) -> None:
         (("ring", "--devices", "8", "--mixing", "laplacian"), ("valid rules",)),
         (("random-regular", "--devices", "5", "--degree", "3"), ("even",)),
         (("missing.json",), ("does not exist",)),
+        (("ring", "--devices", "100000"), ("too many", "at most 2048")),
+        (("small-world", "--devices", "8", "--degree", "9"), ("k=9", "2 <= k < n")),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: tuple[str, ...], words: tuple[str, ...]) -> None:

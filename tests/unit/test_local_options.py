@@ -327,3 +327,26 @@ def test_live_time_to_accuracy_follows_the_devices_latest_reports() -> None:
     assert reached["0.80"] == {"elapsed_s": 3.0, "bytes_sent": 30}
     assert reached["0.85"] == {"elapsed_s": 3.0, "bytes_sent": 30}
     assert reached["0.90"] == {"elapsed_s": 4.0, "bytes_sent": 40}
+
+
+def test_the_churn_summary_says_what_really_happened() -> None:
+    from meshfl.cli.local import _churn_lines
+
+    report = {
+        "churn": [
+            {"event": "join", "device": "device-8", "round": 5},
+            {"event": "join", "device": "device-9", "round": 6},
+            {"event": "kill", "device": "device-2", "round": 8},
+            {"event": "kill", "device": "device-3", "round": 9},
+        ],
+        "topology": {"events": [{"kind": "join", "device": "device-8", "from_round": 9}]},
+        "devices": [
+            {"name": "device-2", "left_round": 11, "missing_rounds": [10]},
+            {"name": "device-3", "left_round": None, "missing_rounds": []},
+        ],
+    }
+    lines = _churn_lines(report)
+    assert lines[0] == "device-8 started after round 5 and joined from round 9"
+    assert "device-9" in lines[1] and "never admitted" in lines[1]
+    assert lines[2] == "device-2 was SIGKILLed after round 8"
+    assert "device-3" in lines[3] and "already reported every round" in lines[3]

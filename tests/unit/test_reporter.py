@@ -51,7 +51,7 @@ def _client(coordinator: Coordinator) -> CoordinatorClient:
 
 def test_reports_are_queued_without_waiting_and_sent_in_order() -> None:
     coordinator = Coordinator(delay_s=0.05)
-    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=0.2)
+    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=0.2, max_backlog=20)
     started = time.monotonic()
     for r in range(1, 11):
         reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
@@ -78,3 +78,16 @@ def test_a_refused_report_fails_the_job_on_the_callers_thread() -> None:
     reporter.post_metrics(_metrics(99))  # type: ignore[arg-type]
     with pytest.raises(CoordinatorError, match="out of range"):
         reporter.close()
+
+
+def test_a_slow_coordinator_applies_backpressure() -> None:
+    coordinator = Coordinator(delay_s=0.1)
+    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=10, max_backlog=2)
+    started = time.monotonic()
+    for r in range(1, 7):
+        reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
+    waited = time.monotonic() - started
+    reporter.close()
+    # Six reports, two may wait: the caller waited for at least three replies (0.1 s each).
+    assert waited >= 0.3
+    assert coordinator.rounds == list(range(1, 7))
