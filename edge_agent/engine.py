@@ -38,31 +38,27 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edge_agent.inbox import EngineStats, Inbox
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
-from meshfl.errors import ConfigError, MeshflError
+from meshfl.errors import ConfigError
 from meshfl.planning import quorum_size
 from meshfl.wire import (
     DEFAULT_MAX_PAYLOAD,
     Envelope,
     MessageKind,
-    Reassembler,
     control_topic,
     delta_topic,
     new_message_id,
     pack_message,
-    parse_topic,
     status_topic,
 )
-from meshfl.wire.serde import decode_envelope
 
 __all__ = ["EngineStats", "GossipEngine", "status_payload"]
 
@@ -85,24 +81,7 @@ def status_payload(
     return json.dumps(body).encode()
 
 
-@dataclass
-class EngineStats:
-    """Counters of what the engine did with incoming messages."""
-
-    applied: int = 0
-    duplicates: int = 0
-    stale: int = 0
-    rejected: int = 0
-    late: int = 0
-    foreign: int = 0
-    keyframes_received: int = 0
-    keyframes_sent: int = 0
-    awaiting_keyframe: int = 0  # differences dropped because their replica was unknown
-    gaps: int = 0  # sequence gaps that forced a keyframe request
-    rejected_reasons: list[str] = field(default_factory=list)
-
-
-class GossipEngine:
+class GossipEngine(Inbox):
     """Exchange messages with neighbours, round by round, for one job.
 
     Parameters
@@ -158,45 +137,21 @@ class GossipEngine:
             raise ConfigError(f"staleness must be an integer >= 0, got {staleness!r}")
         if not (isinstance(quorum, (int, float)) and 0.0 < quorum <= 1.0):
             raise ConfigError(f"quorum must be in (0, 1], got {quorum!r}")
+        super().__init__(
+            fleet=fleet,
+            job_id=job_id,
+            device_id=device_id,
+            peers=neighbours,
+            algorithm=algorithm,
+            deadline_s=deadline_s,
+            clock=clock,
+        )
         self.transport = transport
-        self.fleet = fleet
-        self.job_id = job_id
-        self.device_id = device_id
-        self.peers: set[str] = set(neighbours)
-        self.algorithm = algorithm
         self.deadline_s = deadline_s
         self.max_payload = max_payload
         self.mode, self.staleness, self.quorum = mode, staleness, float(quorum)
-        self.clock = clock
-        self.stats = EngineStats()
-        self.control: list[dict[str, Any]] = []
-        self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
-        self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
-        self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
-        self._last_seq: dict[str, int] = {}
-        self._answered: dict[int, set[str]] = {}
-        self._held: dict[int, list[Envelope]] = {}
-        self._latest_round: dict[str, int] = {}
-        self._offline: set[str] = set()
-        self._suspected: set[str] = set()
-        self._ready: set[str] = set()
-        self._need: set[str] = set()
-        self._keyframe_due = False
         self._row: dict[str, float] | None = None  # this round's neighbours (row of W)
-        self._started = False
-        self._catching_up = False
         self._sequence = 0
-        self._round = 0
-
-    @property
-    def duplicates(self) -> int:
-        """Duplicates dropped: repeated chunks and repeated ``(sender, sequence)`` messages."""
-        return self.stats.duplicates + self._reassembler.stats.duplicates
-
-    @property
-    def need(self) -> frozenset[str]:
-        """Peers whose keyframe this device is waiting for."""
-        return frozenset(self._need)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -247,18 +202,6 @@ class GossipEngine:
         self.peers = set(peers)
         self.request_keyframes(need)
 
-    def request_keyframes(self, peers: Collection[str]) -> None:
-        """Ask ``peers`` (tracked ones) for a keyframe through the retained status."""
-        wanted = {p for p in peers if p in self.peers} - self._need
-        if not wanted:
-            return
-        for peer in wanted:
-            self.algorithm.forget(peer)
-            self._last_seq.pop(peer, None)
-        self._need |= wanted
-        if self._started:
-            self._publish_status()
-
     def wait_ready(self, timeout_s: float) -> list[str]:
         """Wait until every peer announced this job or is offline (the start barrier).
 
@@ -270,22 +213,6 @@ class GossipEngine:
             if not self._wait_one(deadline):
                 break
         return sorted(self.peers - self._ready - self._offline)
-
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        # Runs on the transport's network thread: do nothing but hand over.
-        self._inbox.put((topic, payload))
-
-    def _wait_one(self, deadline: float) -> bool:
-        """Handle one incoming message, waiting until ``deadline``; False once it passed."""
-        remaining = deadline - self.clock()
-        if remaining <= 0:
-            return False
-        try:
-            topic, payload = self._inbox.get(timeout=min(remaining, 0.25))
-        except queue.Empty:
-            return True
-        self._handle(topic, payload)
-        return True
 
     # -- one round --------------------------------------------------------------------
 
@@ -387,12 +314,6 @@ class GossipEngine:
             self._row = {p: 1.0 for p in self.peers}
         return self._row
 
-    def _fresh(self, peer: str, round_: int) -> bool:
-        return (
-            self.algorithm.has_state(peer)
-            and self._latest_round.get(peer, 0) >= round_ - self.staleness
-        )
-
     def _publish(self, round_: int, x: Params) -> None:
         self._sequence += 1
         keyframe = self._keyframe_due
@@ -424,131 +345,3 @@ class GossipEngine:
         answered = self._answered.get(round_, set()) & row
         wanted = min(quorum_size(len(row), self.quorum), len(waitable))
         return len(answered) >= wanted and (wanted < len(waitable) or waitable <= answered)
-
-    def drain(self) -> None:
-        """Handle whatever already arrived without waiting (late messages, statuses)."""
-        while True:
-            try:
-                topic, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(topic, payload)
-
-    # -- incoming ---------------------------------------------------------------------
-
-    def _handle(self, topic: str, payload: bytes) -> None:
-        try:
-            info = parse_topic(topic)
-            if info.kind == "status":
-                self._on_status(info.device, payload)
-            elif info.kind == "control":
-                self._on_control(payload)
-            elif info.kind == "delta":
-                message = self._reassembler.feed(payload)
-                if message is not None:
-                    self._on_envelope(info.device, decode_envelope(message))
-        except MeshflError as exc:
-            self._reject(f"dropped a message on {topic}: {exc}")
-
-    def _reject(self, reason: str) -> None:
-        self.stats.rejected += 1
-        if len(self.stats.rejected_reasons) < 20:
-            self.stats.rejected_reasons.append(reason)
-        log.warning("%s", reason)
-
-    def _on_control(self, payload: bytes) -> None:
-        try:
-            message = json.loads(payload)
-        except ValueError:
-            if payload:
-                self.stats.rejected += 1
-            return
-        if isinstance(message, dict) and message.get("job") == self.job_id:
-            self.control.append(message)
-
-    def _on_status(self, device: str | None, payload: bytes) -> None:
-        if device is None or device not in self._applied:
-            return
-        # An empty payload only deletes a retained status: it says nothing about liveness.
-        # Anything that is not a status object is ignored too (and counted).
-        try:
-            status = json.loads(payload)
-            state, job = status.get("state"), status.get("job")
-            need = status.get("need") or []
-        except (ValueError, AttributeError):
-            if payload:
-                self.stats.rejected += 1
-            return
-        if state == "offline" or (state == "declined" and job == self.job_id):
-            self._offline.add(device)
-        elif state == "online" and job == self.job_id:
-            self._offline.discard(device)
-            self._ready.add(device)
-            if isinstance(need, list) and self.device_id in need and device in self.peers:
-                self._keyframe_due = True
-        elif state == "online" and device in self._ready:
-            self._offline.add(device)  # it was in this job and has left it (done or stopped)
-
-    def _on_envelope(self, topic_device: str | None, env: Envelope) -> None:
-        if env.fleet != self.fleet or env.job != self.job_id:
-            self.stats.foreign += 1
-            return
-        if env.sender != topic_device or env.sender not in self._applied:
-            self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
-            return
-        seen = self._applied[env.sender]
-        if env.sequence in seen:
-            self.stats.duplicates += 1
-            return
-        seen.add(env.sequence)
-        if env.round > self._round and not self._catching_up:
-            self._held.setdefault(env.round, []).append(env)
-        else:
-            self._apply(env)
-
-    def _apply(self, env: Envelope) -> None:
-        sender = env.sender
-        if sender not in self.peers:
-            self.stats.foreign += 1  # a former peer of an older topology version
-            return
-        if env.kind == MessageKind.MODEL and env.round < self._latest_round.get(sender, 0):
-            self.stats.stale += 1
-            return
-        if env.kind == MessageKind.DELTA and not self._in_sequence(sender, env.sequence):
-            return
-        try:
-            if env.kind == MessageKind.KEYFRAME:
-                self.algorithm.incoming_keyframe(sender, env.tensors)
-                self.stats.keyframes_received += 1
-            else:
-                self.algorithm.incoming(sender, env.tensors)
-        except MeshflError as exc:
-            self._reject(f"dropped {sender}'s round {env.round} message: {exc}")
-            return
-        self._last_seq[sender] = env.sequence
-        if sender in self._need and env.kind != MessageKind.DELTA:
-            self._need.discard(sender)
-            self._publish_status()
-        self._latest_round[sender] = max(env.round, self._latest_round.get(sender, 0))
-        self._suspected.discard(sender)
-        self.stats.applied += 1
-        if env.round < self._round:
-            self.stats.late += 1
-        else:
-            self._answered.setdefault(env.round, set()).add(sender)
-
-    def _in_sequence(self, sender: str, sequence: int) -> bool:
-        """Whether a CHOCO difference continues the replica held of ``sender``."""
-        if not self.algorithm.has_state(sender):
-            self.stats.awaiting_keyframe += 1
-            self.request_keyframes([sender])
-            return False
-        last = self._last_seq.get(sender)
-        if last is not None and sequence != last + 1:
-            self.stats.gaps += 1
-            log.warning(
-                "gap in %s's messages (%d after %d): asking for a keyframe", sender, sequence, last
-            )
-            self.request_keyframes([sender])
-            return False
-        return True

@@ -1,0 +1,275 @@
+"""The receiving side of a device's gossip engine: what arrived, from whom, and for when.
+
+:class:`Inbox` owns everything the engine learns from the broker — neighbours' messages
+(reassembled, applied exactly once by ``(sender, sequence)``, held when they belong to a
+future round), their statuses (online, offline, ready, the keyframes they ``need``) and
+control-topic messages — and the requests for keyframes this device makes when it lacks
+a replica. :class:`~edge_agent.engine.GossipEngine` adds publishing and rounds.
+
+The transport's network thread only puts ``(topic, payload)`` pairs on a queue; all
+handling happens on the thread that calls :meth:`Inbox.drain` or the engine's waits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshfl.aggregation import GossipAlgorithm
+from meshfl.errors import MeshflError
+from meshfl.wire import Envelope, MessageKind, Reassembler, parse_topic
+from meshfl.wire.serde import decode_envelope
+
+__all__ = ["EngineStats", "Inbox"]
+
+log = logging.getLogger("meshfl.agent.engine")
+
+
+@dataclass
+class EngineStats:
+    """Counters of what the engine did with incoming messages."""
+
+    applied: int = 0
+    duplicates: int = 0
+    stale: int = 0
+    rejected: int = 0
+    late: int = 0
+    foreign: int = 0
+    keyframes_received: int = 0
+    keyframes_sent: int = 0
+    awaiting_keyframe: int = 0  # differences dropped because their replica was unknown
+    gaps: int = 0  # sequence gaps that forced a keyframe request
+    rejected_reasons: list[str] = field(default_factory=list)
+
+
+class Inbox:
+    """Receive state of one device in one job (see the module docstring).
+
+    Parameters
+    ----------
+    fleet, job_id, device_id
+        Identify this device's job; messages of other fleets or jobs are ignored.
+    peers
+        Device ids whose messages and statuses are tracked.
+    algorithm
+        The gossip algorithm that applies neighbours' messages.
+    deadline_s
+        The round deadline (seconds); chunk reassembly waits at least 4× as long.
+    clock
+        Monotonic clock (seconds).
+
+    """
+
+    def __init__(
+        self,
+        *,
+        fleet: str,
+        job_id: str,
+        device_id: str,
+        peers: Collection[str],
+        algorithm: GossipAlgorithm,
+        deadline_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.fleet = fleet
+        self.job_id = job_id
+        self.device_id = device_id
+        self.peers: set[str] = set(peers)
+        self.algorithm = algorithm
+        self.clock = clock
+        self.stats = EngineStats()
+        self.control: list[dict[str, Any]] = []
+        self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
+        self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
+        self._last_seq: dict[str, int] = {}
+        self._answered: dict[int, set[str]] = {}
+        self._held: dict[int, list[Envelope]] = {}
+        self._latest_round: dict[str, int] = {}
+        self._offline: set[str] = set()
+        self._suspected: set[str] = set()
+        self._ready: set[str] = set()
+        self._need: set[str] = set()
+        self._keyframe_due = False
+        self._started = False
+        self._catching_up = False
+        self._round = 0
+        self.staleness = 0
+
+    def _publish_status(self) -> None:
+        """Publish this device's retained status (the engine does)."""
+        raise NotImplementedError
+
+    @property
+    def duplicates(self) -> int:
+        """Duplicates dropped: repeated chunks and repeated ``(sender, sequence)`` messages."""
+        return self.stats.duplicates + self._reassembler.stats.duplicates
+
+    @property
+    def need(self) -> frozenset[str]:
+        """Peers whose keyframe this device is waiting for."""
+        return frozenset(self._need)
+
+    def request_keyframes(self, peers: Collection[str]) -> None:
+        """Ask ``peers`` (tracked ones) for a keyframe through the retained status."""
+        wanted = {p for p in peers if p in self.peers} - self._need
+        if not wanted:
+            return
+        for peer in wanted:
+            self.algorithm.forget(peer)
+            self._last_seq.pop(peer, None)
+        self._need |= wanted
+        if self._started:
+            self._publish_status()
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        # Runs on the transport's network thread: do nothing but hand over.
+        self._inbox.put((topic, payload))
+
+    def _wait_one(self, deadline: float) -> bool:
+        """Handle one incoming message, waiting until ``deadline``; False once it passed."""
+        remaining = deadline - self.clock()
+        if remaining <= 0:
+            return False
+        try:
+            topic, payload = self._inbox.get(timeout=min(remaining, 0.25))
+        except queue.Empty:
+            return True
+        self._handle(topic, payload)
+        return True
+
+    def drain(self) -> None:
+        """Handle whatever already arrived without waiting (late messages, statuses)."""
+        while True:
+            try:
+                topic, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(topic, payload)
+
+    def _fresh(self, peer: str, round_: int) -> bool:
+        return (
+            self.algorithm.has_state(peer)
+            and self._latest_round.get(peer, 0) >= round_ - self.staleness
+        )
+
+    def _handle(self, topic: str, payload: bytes) -> None:
+        try:
+            info = parse_topic(topic)
+            if info.kind == "status":
+                self._on_status(info.device, payload)
+            elif info.kind == "control":
+                self._on_control(payload)
+            elif info.kind == "delta":
+                message = self._reassembler.feed(payload)
+                if message is not None:
+                    self._on_envelope(info.device, decode_envelope(message))
+        except MeshflError as exc:
+            self._reject(f"dropped a message on {topic}: {exc}")
+
+    def _reject(self, reason: str) -> None:
+        self.stats.rejected += 1
+        if len(self.stats.rejected_reasons) < 20:
+            self.stats.rejected_reasons.append(reason)
+        log.warning("%s", reason)
+
+    def _on_control(self, payload: bytes) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            if payload:
+                self.stats.rejected += 1
+            return
+        if isinstance(message, dict) and message.get("job") == self.job_id:
+            self.control.append(message)
+
+    def _on_status(self, device: str | None, payload: bytes) -> None:
+        if device is None or device not in self._applied:
+            return
+        # An empty payload only deletes a retained status: it says nothing about liveness.
+        # Anything that is not a status object is ignored too (and counted).
+        try:
+            status = json.loads(payload)
+            state, job = status.get("state"), status.get("job")
+            need = status.get("need") or []
+        except (ValueError, AttributeError):
+            if payload:
+                self.stats.rejected += 1
+            return
+        if state == "offline" or (state == "declined" and job == self.job_id):
+            self._offline.add(device)
+        elif state == "online" and job == self.job_id:
+            self._offline.discard(device)
+            self._ready.add(device)
+            if isinstance(need, list) and self.device_id in need and device in self.peers:
+                self._keyframe_due = True
+        elif state == "online" and device in self._ready:
+            self._offline.add(device)  # it was in this job and has left it (done or stopped)
+
+    def _on_envelope(self, topic_device: str | None, env: Envelope) -> None:
+        if env.fleet != self.fleet or env.job != self.job_id:
+            self.stats.foreign += 1
+            return
+        if env.sender != topic_device or env.sender not in self._applied:
+            self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
+            return
+        seen = self._applied[env.sender]
+        if env.sequence in seen:
+            self.stats.duplicates += 1
+            return
+        seen.add(env.sequence)
+        if env.round > self._round and not self._catching_up:
+            self._held.setdefault(env.round, []).append(env)
+        else:
+            self._apply(env)
+
+    def _apply(self, env: Envelope) -> None:
+        sender = env.sender
+        if sender not in self.peers:
+            self.stats.foreign += 1  # a former peer of an older topology version
+            return
+        if env.kind == MessageKind.MODEL and env.round < self._latest_round.get(sender, 0):
+            self.stats.stale += 1
+            return
+        if env.kind == MessageKind.DELTA and not self._in_sequence(sender, env.sequence):
+            return
+        try:
+            if env.kind == MessageKind.KEYFRAME:
+                self.algorithm.incoming_keyframe(sender, env.tensors)
+                self.stats.keyframes_received += 1
+            else:
+                self.algorithm.incoming(sender, env.tensors)
+        except MeshflError as exc:
+            self._reject(f"dropped {sender}'s round {env.round} message: {exc}")
+            return
+        self._last_seq[sender] = env.sequence
+        if sender in self._need and env.kind != MessageKind.DELTA:
+            self._need.discard(sender)
+            self._publish_status()
+        self._latest_round[sender] = max(env.round, self._latest_round.get(sender, 0))
+        self._suspected.discard(sender)
+        self.stats.applied += 1
+        if env.round < self._round:
+            self.stats.late += 1
+        else:
+            self._answered.setdefault(env.round, set()).add(sender)
+
+    def _in_sequence(self, sender: str, sequence: int) -> bool:
+        """Whether a CHOCO difference continues the replica held of ``sender``."""
+        if not self.algorithm.has_state(sender):
+            self.stats.awaiting_keyframe += 1
+            self.request_keyframes([sender])
+            return False
+        last = self._last_seq.get(sender)
+        if last is not None and sequence != last + 1:
+            self.stats.gaps += 1
+            log.warning(
+                "gap in %s's messages (%d after %d): asking for a keyframe", sender, sequence, last
+            )
+            self.request_keyframes([sender])
+            return False
+        return True
