@@ -70,7 +70,10 @@ def parse_link_option(text: str) -> tuple[str, str]:
     device, sep, spec = text.partition(":")
     if not sep:
         raise ConfigError(f"--link {text!r}: use DEVICE:RATE[:LATENCY], e.g. --link 3:1mbit:200ms")
-    parse_link(spec)
+    try:
+        parse_link(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"--link {text!r}: {exc}") from None
     return device_name(device, "--link"), spec.strip()
 
 

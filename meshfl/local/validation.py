@@ -116,13 +116,19 @@ def _validate_topology(config: LocalConfig) -> None:
                 f" {config.agents}; make them equal"
             )
         return
-    build_graph(
-        config.topology,
-        config.agents,
-        degree=config.topology_degree,
-        probability=config.topology_probability,
-        seed=config.seed if config.topology_seed is None else config.topology_seed,
-    )
+    try:
+        build_graph(
+            config.topology,
+            config.agents,
+            degree=config.topology_degree,
+            probability=config.topology_probability,
+            seed=config.seed if config.topology_seed is None else config.topology_seed,
+        )
+    except ConfigError as exc:  # the kernel speaks of n, degree, p: name the options
+        raise ConfigError(
+            f"--topology {config.topology} with --agents {config.agents}: {exc}"
+            " (the options: --agents, --degree, --probability, --topology-seed)"
+        ) from None
 
 
 def _validate_rounds(config: LocalConfig) -> None:
