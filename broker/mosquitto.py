@@ -68,7 +68,8 @@ def mosquitto_config(
         "# credentials and ACLs so that a device may write only topics carrying its id.",
         "allow_anonymous true",
         "# Deltas are chunked to <= 128 KiB; a keyframe or an un-chunked test payload may",
-        "# reach 1 MiB. Larger packets are refused (the client is disconnected).",
+        f"# reach 1 MiB. Packets over {MAX_PACKET_BYTES // 2**20} MiB are refused (the client is"
+        " disconnected).",
         f"max_packet_size {MAX_PACKET_BYTES}",
         "# QoS 1 messages in flight per client before waiting for PUBACKs: enough to keep",
         "# a 128 KiB chunk stream moving over a high-latency link, small enough that a",

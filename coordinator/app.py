@@ -9,6 +9,7 @@ each answered as ``{"detail": "<one line: the problem and the fix>"}``.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,10 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from coordinator import migrate
+from coordinator.artifacts import ArtifactStore
 from coordinator.control import Control, Publish
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.errors import Conflict, Forbidden, NotFound
-from coordinator.routers import devices, health, jobs
+from coordinator.routers import artifacts, devices, health, jobs
 from coordinator.settings import CoordinatorSettings
 from meshfl import __version__
 from meshfl.contract import API_PREFIX
@@ -61,14 +63,20 @@ MAX_BODY_BYTES = 1 << 20
 
 
 class BodyLimit:
-    """ASGI middleware answering 413 to a body over ``max_bytes`` (declared or streamed)."""
+    """ASGI middleware answering 413 to a body over ``max_bytes`` (declared or streamed).
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    Paths matching ``exempt`` (model uploads, which bound their own size) pass through.
+    """
+
+    def __init__(self, app: Any, max_bytes: int, exempt: re.Pattern[str] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (
+            self.exempt is not None and self.exempt.fullmatch(scope.get("path", ""))
+        ):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -162,10 +170,12 @@ def create_app(
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.clock = clock
     app.state.control = Control(fleet=settings.fleet, publish=publish)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.state.artifacts = ArtifactStore(settings.artifacts_path(), settings.max_model_bytes)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, exempt=artifacts.UPLOAD_PATH)
     app.add_exception_handler(MeshflError, _meshfl_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.include_router(health.router)
     app.include_router(devices.router, prefix=API_PREFIX)
     app.include_router(jobs.router, prefix=API_PREFIX)
+    app.include_router(artifacts.router, prefix=API_PREFIX)
     return app

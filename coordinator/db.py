@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Double,
     Engine,
@@ -33,6 +34,7 @@ __all__ = [
     "DeviceProfile",
     "Job",
     "JobDevice",
+    "ModelArtifact",
     "RoundMetric",
     "make_engine",
     "make_sessionmaker",
@@ -123,6 +125,26 @@ class RoundMetric(Base):
     round: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     received_at: Mapped[float] = mapped_column(Double)
+
+
+class ModelArtifact(Base):
+    """A model file of a job kept under the coordinator's ``artifacts_dir`` (not in the DB).
+
+    ``name`` is the uploading device's id, or ``"consensus"`` for the parameter mean of
+    the job's device models. ``sha256`` / ``size_bytes`` describe the file (``None`` for a
+    consensus that could not be built: ``error`` says why); ``sources`` of a consensus maps
+    each averaged device id to the sha256 of the model it averaged.
+    """
+
+    __tablename__ = "model_artifacts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Double)
+    sources: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(String(1000))
 
 
 def make_engine(url: str) -> Engine:

@@ -18,18 +18,22 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from coordinator import store
+from coordinator.artifacts import ArtifactStore
 from coordinator.control import Control
 from coordinator.db import Device
 from coordinator.settings import CoordinatorSettings
 
 __all__ = [
     "AdminDep",
+    "AdminOrFleetDeviceDep",
+    "ArtifactsDep",
     "ControlDep",
     "DeviceDep",
     "NowDep",
     "OwnDeviceDep",
     "SessionDep",
     "SettingsDep",
+    "get_artifacts",
     "get_control",
     "get_now",
     "get_session",
@@ -63,7 +67,14 @@ def get_control(request: Request) -> Control:
     return control
 
 
+def get_artifacts(request: Request) -> ArtifactStore:
+    """Return the app's :class:`~coordinator.artifacts.ArtifactStore` (model files)."""
+    artifacts: ArtifactStore = request.app.state.artifacts
+    return artifacts
+
+
 SettingsDep = Annotated[CoordinatorSettings, Depends(get_settings)]
+ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifacts)]
 ControlDep = Annotated[Control, Depends(get_control)]
 SessionDep = Annotated[Session, Depends(get_session)]
 NowDep = Annotated[float, Depends(get_now)]
@@ -123,3 +134,20 @@ def own_device(device_id: str, device: DeviceDep) -> Device:
 
 AdminDep = Annotated[None, Depends(require_admin)]
 OwnDeviceDep = Annotated[Device, Depends(own_device)]
+
+
+def admin_or_fleet_device(token: TokenDep, session: SessionDep, settings: SettingsDep) -> None:
+    """Accept the admin token or the token of any device of this coordinator's fleet."""
+    expected = settings.admin_token or ""
+    if hmac.compare_digest(token.encode(), expected.encode()):
+        return
+    device = store.device_by_token(session, token)
+    if device is None or device.fleet != settings.fleet:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "this endpoint needs the admin token or a device token of this fleet; enrol with"
+            " POST /devices/enrol to get one",
+        )
+
+
+AdminOrFleetDeviceDep = Annotated[None, Depends(admin_or_fleet_device)]

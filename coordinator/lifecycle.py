@@ -1,6 +1,8 @@
 """Job lifecycle: start (plan the topology), churn, completion rules, stop, assignments.
 
-Status moves ``created → running → completed | stopped`` (``created → stopped`` too).
+Status moves ``created → running → completed | failed | stopped`` (``created → stopped``
+too); a job ends ``failed`` instead of ``completed`` when no participant finished it (every
+one declined or left).
 A running job *completes* when every participant is done (finished, declined or left),
 or when at least one finished and every other participant has been silent (no metrics,
 no done, no assignment poll) for more than ``stale_after_s`` seconds: those are declared
@@ -46,7 +48,8 @@ def start_job(
 
     Candidates are the live devices (heard from within ``settings.live_within_s``
     seconds: an idle agent polls for work twice a second) not busy in another running
-    job, by enrolment time. With ``spec.min_battery_percent`` > 0 those below it and not
+    job and not inference-only (profile ``role`` ``"inference"``), by enrolment time.
+    With ``spec.min_battery_percent`` > 0 those below it and not
     charging sit out (recorded in the topology's ``sit_out`` and the start event). The
     first ``spec.devices`` of the rest take part (``0``: all of them; a custom graph's
     ``n``); ordered by name (then id), device ``k`` gets index and position ``k``, so the
@@ -68,7 +71,9 @@ def start_job(
     live = [
         d
         for d in store.list_devices(session)
-        if now - d.last_seen <= settings.live_within_s and d.id not in busy
+        if now - d.last_seen <= settings.live_within_s
+        and d.id not in busy
+        and d.profile.get("role") != "inference"  # serve-only agents never train
     ]
     sit_out = planning.battery_reasons(live, float(spec.get("min_battery_percent", 0.0)))
     eligible = [d for d in live if d.id not in sit_out]
@@ -131,10 +136,17 @@ def start_job(
 
 
 def _end(session: Session, job: Job, status: str, at: float, control: Control | None) -> None:
+    if status == "completed" and not any(_finished(r) for r in store.participants(session, job)):
+        status = "failed"  # every participant declined or left: nothing was trained
     job.status, job.finished_at = status, at
     session.commit()
     if control is not None:
         control.announce(job)
+
+
+def _finished(row: JobDevice) -> bool:
+    """The participant reported done with a model (not a decline), and did not leave."""
+    return row.done and row.left_round is None and "error" not in (row.final or {})
 
 
 def stop_job(session: Session, job: Job, now: float, control: Control | None = None) -> Job:

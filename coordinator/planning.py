@@ -20,7 +20,6 @@ He 2025). W is :func:`meshfl.topology.mixing_matrix` under ``spec.mixing``
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 from coordinator.db import Device
 from meshfl.contract import DevicePlan, JobSpec
 from meshfl.errors import ConfigError
+from meshfl.modelspec import is_custom, layout, parameter_count
 from meshfl.planning import battery_sit_out, link_aware_graph, no_wait, plan_devices
 from meshfl.topology import (
     Graph,
@@ -62,7 +62,7 @@ DEFAULT_PLAN = DevicePlan(work_fraction=1.0, byte_budget=0)
 """The plan of every device of a job without ``spec.plan``: all the work, no byte budget."""
 
 UNKNOWN_MODEL_BYTES = 2**31
-"""Dense message size assumed for a model other than ``mlp`` (bytes): every budget binds."""
+"""Dense message size assumed for a custom model (bytes): every budget binds."""
 
 PLAN_ROUND_FLOOR_S = 0.1
 """Seconds of a round the planner assumes go to communication (MQTT round trips, the
@@ -116,9 +116,6 @@ def base_graph(spec: JobSpec, n: int) -> Graph:
 def custom_graph(spec: JobSpec) -> Graph:
     """The spec's ``custom_graph`` as a :class:`Graph` (raises ConfigError when invalid)."""
     document: dict[str, Any] = dict(spec["custom_graph"])
-    edges = document.get("edges")
-    if isinstance(edges, list | tuple):  # pydantic hands tuples; the edge-list format has lists
-        document["edges"] = [list(e) if isinstance(e, list | tuple) else e for e in edges]
     return from_edge_list(document)
 
 
@@ -130,14 +127,18 @@ def link_aware(spec: JobSpec) -> bool:
 def dense_bytes(spec: JobSpec) -> int:
     """Bytes of one dense fp32 message of the job's model (the planner's reference size).
 
-    ``mlp``: 4 · Σ (in + 1) · out over its layers ``input_dim → hidden… → num_classes``;
-    any other model: :data:`UNKNOWN_MODEL_BYTES`.
+    A zoo model: 4 bytes × its parameter count, from the layout the spec alone gives
+    (:func:`meshfl.modelspec.layout`; ``mlp``: Σ (in + 1) · out over ``input_dim →
+    hidden… → num_classes``); a custom model or an invalid spec:
+    :data:`UNKNOWN_MODEL_BYTES`.
     """
     model = spec["model"]
-    if model["name"] != "mlp":
+    if is_custom(model):
         return UNKNOWN_MODEL_BYTES
-    widths = [model["input_dim"], *model["hidden"], model["num_classes"]]
-    return 4 * sum((a + 1) * b for a, b in itertools.pairwise(widths))
+    try:
+        return 4 * parameter_count(layout(model))
+    except ConfigError:
+        return UNKNOWN_MODEL_BYTES
 
 
 def _measured(profile: Mapping[str, Any], field: str) -> float | None:

@@ -157,7 +157,7 @@ def _job_device(
     else:  # not done: the sum of its round reports so far
         sent = sum(int(m.metrics["bytes_sent"]) for m in mine)
         received = sum(int(m.metrics["bytes_received"]) for m in mine)
-    return JobDevicePublic(
+    public = JobDevicePublic(
         device_id=row.device_id,
         name=name,
         index=row.index,
@@ -177,6 +177,10 @@ def _job_device(
         left_round=row.left_round,
         plan=plan,
     )
+    for key in ("onnx_path", "onnx_max_abs_diff"):
+        if key in final:
+            public[key] = final[key]
+    return public
 
 
 def job_public(

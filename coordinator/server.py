@@ -59,7 +59,9 @@ def serve(
         value = str(getattr(settings, name))
         env = f"MESHFL_COORDINATOR_{name.upper()}"
         return (
-            f"{value}  (generated; set {env} to keep it)" if name in generated else f"(from {env})"
+            f"{value}  (generated; set {env} to keep it)"
+            if name in generated
+            else f"(given by --{name.replace('_', '-')} or {env}; not printed)"
         )
 
     print(
@@ -69,6 +71,7 @@ def serve(
         f"  enrol token:  {shown('enrol_token')}\n"
         f"  admin token:  {shown('admin_token')}\n"
         f"  database:     {make_url(settings.db_url).render_as_string(hide_password=True)}\n"
+        f"  artifacts:    {settings.artifacts_path()}\n"
         f"  control push: {'MQTT ' + str(settings.broker_url) if publish else 'off (agents poll)'}",
         flush=True,
     )

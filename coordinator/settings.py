@@ -6,6 +6,8 @@ process starts (``serve()``, the CLI, a test) and pass it to ``create_app(settin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -53,6 +55,13 @@ class CoordinatorSettings(BaseSettings):
         Seconds. Once every other participant is done, one silent this long leaves (it
         died near the end, or its coordinator link did: 20 missed polls), and the job
         completes. Default 10.
+    artifacts_dir : Path or None
+        Directory of the model files devices upload (``publish_model`` jobs) and of the
+        consensus models built from them: ``{artifacts_dir}/{job_id}/{name}.onnx``.
+        ``None`` (default): ``{db stem}-artifacts`` next to a SQLite database file, or
+        ``meshfl-artifacts`` in the working directory for PostgreSQL and in-memory SQLite.
+    max_model_bytes : int
+        Bytes. Largest model upload accepted (413 beyond). Default 64 MiB.
 
     """
 
@@ -68,3 +77,17 @@ class CoordinatorSettings(BaseSettings):
     depart_after_s: float = Field(default=60.0, gt=0)
     depart_evidence_s: float = Field(default=1.5, gt=0)
     depart_at_end_s: float = Field(default=10.0, gt=0)
+    artifacts_dir: Path | None = None
+    max_model_bytes: int = Field(default=64 << 20, gt=0)
+
+    def artifacts_path(self) -> Path:
+        """The artifacts directory: ``artifacts_dir``, or its default next to the database."""
+        if self.artifacts_dir is not None:
+            return self.artifacts_dir
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.db_url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            db = Path(url.database)
+            return db.with_name(f"{db.stem}-artifacts")
+        return Path("meshfl-artifacts")

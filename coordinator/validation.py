@@ -17,10 +17,12 @@ from meshfl.contract import (
     RoundMetrics,
 )
 from meshfl.errors import CodecSpecError, ConfigError, TopologyError
+from meshfl.modelspec import ZOO_MODELS, check_sizes, with_hash
 from meshfl.topology import MIXING_RULES, build_graph
 
 __all__ = [
     "LOSSLESS_CODECS",
+    "fill_model_hash",
     "validate_done",
     "validate_metrics",
     "validate_name",
@@ -31,11 +33,9 @@ __all__ = [
 #: Codec specs D-PSGD accepts: it averages models, so it needs them uncompressed.
 LOSSLESS_CODECS = frozenset({"identity", "fp32"})
 
-#: Models the agents' zoo builds (the coordinator knows them only by name and spec).
-KNOWN_MODELS = frozenset({"mlp", "cnn1d"})
+#: Models the agents build: the zoo's, and ``custom`` (a factory; the spec carries its hash).
+KNOWN_MODELS = (*ZOO_MODELS, "custom")
 MAX_ROUNDS = 100_000
-MAX_CLASSES = 100_000
-MAX_WIDTH = 65_536
 
 # (field, predicate, what it must be); the first failing rule is reported.
 _RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
@@ -102,18 +102,11 @@ def validate_spec(spec: JobSpec) -> None:
         raise ConfigError(
             f"spec.model.name = {model['name']!r} is unknown; known: {', '.join(KNOWN_MODELS)}"
         )
-    widths = [model["input_dim"], model["num_classes"], *model["hidden"]]
-    if (
-        not 1 <= model["input_dim"] <= MAX_WIDTH
-        or not 2 <= model["num_classes"] <= MAX_CLASSES
-        or not all(1 <= h <= MAX_WIDTH for h in model["hidden"])
-        or len(model["hidden"]) > 64
-        or any(isinstance(w, bool) for w in widths)
-    ):
-        raise ConfigError(
-            f"spec.model is invalid; input_dim and hidden widths must be in [1, {MAX_WIDTH}]"
-            f" (at most 64 hidden layers), num_classes in [2, {MAX_CLASSES}]"
-        )
+    try:
+        check_sizes(model)
+    except ConfigError as exc:
+        raise ConfigError(f"spec.model is invalid: {exc}") from None
+    fill_model_hash(spec)
     if spec["algorithm"] not in ("choco", "dpsgd"):
         raise ConfigError(f"spec.algorithm = {spec['algorithm']!r}; use 'choco' or 'dpsgd'")
     try:
@@ -131,6 +124,27 @@ def validate_spec(spec: JobSpec) -> None:
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
             f"{spec['codec']!r}; use codec 'identity' (or 'fp32'), or algorithm 'choco'"
         )
+
+
+def fill_model_hash(spec: JobSpec) -> JobSpec:
+    """Return ``spec`` with ``model.hash`` filled: the zoo layout's hash, or the custom one.
+
+    The hash is :func:`meshfl.modelspec.layout_hash` of :func:`meshfl.modelspec.layout`
+    (computed without torch); agents that build a different layout decline the job.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        A bad ``image_shape``/``factory``/``kwargs``/``hash``, a zoo model's size rule
+        (e.g. lenet's four widths), a custom model without ``hash``, or a zoo spec whose
+        given ``hash`` is not its layout's.
+
+    """
+    try:
+        model = with_hash(spec["model"])
+    except ConfigError as exc:
+        raise ConfigError(f"spec.model is invalid: {exc}") from None
+    return {**spec, "model": model}
 
 
 def _validate_topology(spec: JobSpec) -> None:
@@ -244,6 +258,9 @@ def validate_done(done: DeviceDone) -> None:
     _number("final_accuracy", done["final_accuracy"], 0.0, 1.0)
     _number("bytes_sent", done["bytes_sent"], 0, _MAX_COUNT)
     _number("bytes_received", done["bytes_received"], 0, _MAX_COUNT)
+    diff = done.get("onnx_max_abs_diff")
+    if diff is not None:
+        _number("onnx_max_abs_diff", diff, 0.0, 1e30)
 
 
 # Numeric profile fields and their upper bound (all must be finite and >= 0).
@@ -279,3 +296,6 @@ def validate_profile(profile: CapabilityProfile) -> None:
             raise ConfigError(
                 f"profile.{field} is invalid; at most 256 printable characters, got {text[:40]!r}"
             )
+    role = profile.get("role")
+    if role is not None and role not in ("train", "inference"):
+        raise ConfigError(f"profile.role must be 'train' or 'inference', got {str(role)[:40]!r}")

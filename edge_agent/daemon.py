@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.engine import status_payload
+from edge_agent.health import HealthWriter
 from edge_agent.job import JobRunner
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Message, Transport
@@ -101,10 +102,14 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
         transport.connect(device_id, will=will)
         log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
         transport.publish(status_topic(fleet, device_id), _status("online"), retain=True)
+        live = transport  # the health thread reads the connection state of this transport
+        health = HealthWriter(config.out, device_id, config.name, lambda: live.connected)
+        health.start()
         try:
             link = _report_profile(config, client, transport, device_id, fleet, x, y)
-            _serve(config, client, transport, device_id, fleet, x, y, link)
+            _serve(config, client, transport, device_id, fleet, x, y, link, health)
         finally:
+            health.stop()
             transport.publish(status_topic(fleet, device_id), _status("offline"), retain=True)
             transport.flush(10.0)
             transport.close()
@@ -153,6 +158,7 @@ def _serve(
     x: object,
     y: object,
     link: CapabilityProfile,
+    health: HealthWriter,
 ) -> None:
     finished: set[str] = set()
     while True:
@@ -162,6 +168,7 @@ def _serve(
             continue
         job_id = assignment["job_id"]
         finished.add(job_id)
+        health.job_id = job_id
         runner = JobRunner(config, client, transport, device_id, assignment, link)
         try:
             runner.run(x, y)  # type: ignore[arg-type]
@@ -177,6 +184,7 @@ def _serve(
                 raise
             # The retained "declined" status stays: neighbours that subscribe later must
             # see it. The next job's engine announces readiness for that job itself.
+        health.job_id = None
         if config.once:
             return
 

@@ -18,10 +18,12 @@ from edge_agent.versions import TopologyVersion
 from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
 from meshfl.codecs import CodecPolicy, parse_codec
 from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
-from meshfl.errors import ConfigError, DataError
+from meshfl.errors import ConfigError, DataError, MeshflError
+from meshfl.modelspec import check_hash
 
 if TYPE_CHECKING:
     from edge_agent.daemon import AgentConfig
+    from edge_agent.trainer import Trainer
 
 __all__ = ["JobRunner"]
 
@@ -29,6 +31,29 @@ log = logging.getLogger("meshfl.agent.job")
 
 _MIN_REFRESH_S = 60.0
 """The capability profile is re-measured (link, battery) at most this often while running."""
+
+
+def _export_onnx(
+    trainer: Trainer, path: Path, x_test: np.ndarray
+) -> tuple[str | None, float | None]:
+    """Export the final model to ONNX and check parity; (None, None) if that fails.
+
+    A failed export costs only the ONNX file: ``model.pt``/``model.npz`` are already
+    written, and the done report still goes out (with nulls).
+    """
+    from models.onnx import PARITY_TOLERANCE
+
+    try:
+        diff = trainer.export_onnx(path, x_test)
+    except Exception as error:  # any exporter/onnxruntime failure: keep the job's result
+        log.warning("ONNX export of the final model failed (%s: %s)", type(error).__name__, error)
+        return None, None
+    if diff is not None and not math.isfinite(diff):
+        log.warning("the ONNX model's logits are not finite; parity not reported")
+        diff = None
+    elif diff is not None and diff > PARITY_TOLERANCE:
+        log.warning("ONNX parity %.3g exceeds %g", diff, PARITY_TOLERANCE)
+    return str(path.resolve()), diff
 
 
 class JobRunner:
@@ -72,6 +97,7 @@ class JobRunner:
             threads=self.config.threads,
             slowdown=self.config.slowdown,
         )
+        check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.
         profile = capability_profile(trainer, x, y)
         profile.update(self._fresh_link())
@@ -181,6 +207,9 @@ class JobRunner:
             reporter.close()
         path = self.config.out / self.job_id / self.config.name / "model.pt"
         trainer.save(path)
+        onnx_path, onnx_diff = _export_onnx(trainer, path.with_name("model.onnx"), x_test)
+        if spec.get("publish_model") and onnx_path is not None:
+            self._publish(Path(onnx_path))  # before done: a completed job has every model
         # Done first: a flush on a slow link can take seconds, and the coordinator takes
         # a participant silent that long after the others finished for a dead one.
         self.client.post_done(
@@ -190,12 +219,29 @@ class JobRunner:
                 "bytes_sent": self.transport.bytes_sent - sent0,
                 "bytes_received": self.transport.bytes_received - received0,
                 "model_path": str(path.resolve()),
+                "onnx_path": onnx_path,
+                "onnx_max_abs_diff": onnx_diff,
             },
         )
         engine.leave()
         self.transport.flush(10.0)
         if engine.stats.rejected:
             log.warning("rejected %d malformed messages", engine.stats.rejected)
+
+    def _publish(self, path: Path) -> None:
+        """Upload the final ``model.onnx`` (a ``publish_model`` job); never raises.
+
+        Transient failures are retried with backoff for the client's ``retry_s``; a
+        refusal (too large, not ONNX) or an unreachable coordinator is logged: the model
+        stays on the device and the job's result is unaffected.
+        """
+        try:
+            reply = self.client.put_model(self.job_id, self.device_id, path.read_bytes())
+        except (MeshflError, OSError) as exc:
+            log.error("could not publish %s to the coordinator: %s", path, exc)
+            return
+        log.info("published %s (%d bytes, sha256 %s)", path, reply["size_bytes"] or 0,
+                 (reply["sha256"] or "")[:12])  # fmt: skip
 
     def _switch(self, engine: GossipEngine, topo: TopologyVersion, round_: int) -> TopologyVersion:
         """Track every known version's peers early; switch to the newest one in force."""

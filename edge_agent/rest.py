@@ -9,9 +9,11 @@ backoff up to ``retry_s`` seconds; a refusal is never retried.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 import httpx
@@ -24,13 +26,23 @@ from meshfl.contract import (
     DeviceDone,
     EnrolRequest,
     EnrolResponse,
+    ModelArtifact,
     RoundMetrics,
 )
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 
-__all__ = ["CoordinatorClient"]
+__all__ = ["Consensus", "CoordinatorClient"]
 
 log = logging.getLogger("meshfl.agent.rest")
+
+
+@dataclass(frozen=True)
+class Consensus:
+    """A downloaded consensus model: its job, the sha256 the coordinator announced, bytes."""
+
+    job_id: str
+    sha256: str
+    data: bytes
 
 
 class CoordinatorClient:
@@ -110,27 +122,76 @@ class CoordinatorClient:
         """Report that this device finished the job."""
         self._request("POST", f"/jobs/{job_id}/done", json=done)
 
+    def put_model(self, job_id: str, device_id: str, data: bytes) -> ModelArtifact:
+        """Upload this device's final ONNX model of a ``publish_model`` job.
+
+        ``data`` is the ``.onnx`` file's bytes; its SHA-256 goes in ``X-Content-SHA256``
+        so the coordinator refuses a corrupted upload.
+        """
+        response = self._send(
+            "PUT",
+            f"/jobs/{job_id}/devices/{device_id}/model",
+            content=data,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
+            },
+        )
+        return cast(ModelArtifact, response.json())
+
+    def get_consensus(self, job_id: str = "latest", etag: str | None = None) -> Consensus | None:
+        """Download a job's consensus model (``"latest"``: the latest completed job's).
+
+        ``etag`` (the sha256 of the model held) makes it a conditional request: ``None``
+        comes back when the coordinator's consensus is still that one (HTTP 304).
+        Raises :class:`~meshfl.errors.CoordinatorError` on a refusal (404: no consensus
+        yet) and :class:`~meshfl.errors.CoordinatorUnreachable` after ``retry_s``.
+        """
+        headers = {} if etag is None else {"If-None-Match": f'"{etag}"'}
+        response = self._send("GET", f"/jobs/{job_id}/artifacts/consensus.onnx", headers=headers)
+        if response.status_code == 304:
+            return None
+        return Consensus(
+            job_id=response.headers.get("x-meshfl-job-id", job_id),
+            sha256=response.headers.get("x-content-sha256", "").lower(),
+            data=response.content,
+        )
+
     # -- plumbing ---------------------------------------------------------------------
 
     def _request(self, method: str, path: str, json: Any = None) -> Any:
-        headers = {}
+        response = self._send(method, path, json=json)
+        return None if response.status_code == 204 else response.json()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send one request, retrying transient failures; return a 2xx or 304 response."""
+        headers = dict(headers or {})
         if self.device_token is not None:
             headers["Authorization"] = f"Bearer {self.device_token}"
         deadline = time.monotonic() + self.retry_s
         delay = 0.2
         while True:
             try:
-                response = self._http.request(method, path, json=json, headers=headers)
+                response = self._http.request(
+                    method, path, json=json, content=content, headers=headers
+                )
             except httpx.TransportError as exc:
                 problem = f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
             else:
-                if response.status_code == 204:
-                    return None
-                if response.is_success:
-                    return response.json()
+                if response.is_success or response.status_code == 304:
+                    return response
                 if response.status_code < 500:
                     raise CoordinatorError(
-                        f"coordinator refused {method} {path}: {_detail(response)}"
+                        f"coordinator refused {method} {path}: {_detail(response)}",
+                        status=response.status_code,
                     )
                 problem = f"coordinator error {response.status_code}: {_detail(response)}"
             if time.monotonic() >= deadline:

@@ -277,6 +277,36 @@ class Trainer:
         arrays = self.params()
         _atomic_write(npz, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
 
+    def export_onnx(self, path: Path, x: np.ndarray | None = None) -> float | None:
+        """Export the model to the ONNX file ``path``; return its parity on ``x``.
+
+        Parameters
+        ----------
+        path : Path
+            Destination, written atomically by :func:`models.onnx.export_onnx` (input
+            ``"input"`` float32 ``[batch, input_dim]``, output ``"logits"``).
+        x : numpy.ndarray, optional
+            ``(n, input_dim)`` inputs, e.g. the device's test set.
+
+        Returns
+        -------
+        float or None
+            ``max |logit(torch) − logit(onnxruntime)|`` over ``x`` (issue 8 wants
+            ≤ 1e-5); None when ``x`` is None or empty.
+
+        Raises
+        ------
+        ConfigError
+            onnxruntime cannot run the exported file; torch's exporter errors pass through.
+
+        """
+        from models.onnx import export_onnx, parity
+
+        export_onnx(self._model, Path(path), int(self.spec["input_dim"]))
+        if x is None or len(x) == 0:
+            return None
+        return parity(self._model, Path(path), x)
+
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -29,9 +29,21 @@ GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
 POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
 POST     /jobs/{job_id}/done                         device   DeviceDone → 204
 POST     /jobs/{job_id}/decline                      device   DeviceDecline → 204
+PUT      /jobs/{job_id}/devices/{device_id}/model    device   ONNX bytes → ModelArtifact
+GET      /jobs/{job_id}/artifacts                    admin    → JobArtifacts
+GET      /jobs/{job_id}/artifacts/consensus.onnx     either   → ONNX bytes (ETag: sha256)
+GET      /jobs/{job_id}/artifacts/{device_id}.onnx   admin    → ONNX bytes
 =======  ==========================================  =======  ======================
 
 ``GET /healthz`` needs no auth.
+
+Model artifacts (a job with ``publish_model``): each participant PUTs its final
+``model.onnx`` (``application/octet-stream``, header ``X-Content-SHA256`` = its hex
+SHA-256, at most the coordinator's ``max_model_bytes``); the consensus model is the
+parameter mean of the uploaded models. ``consensus.onnx`` accepts the admin token or the
+token of any device of the fleet, and ``latest`` for ``{job_id}`` (the most recently
+finished job with a consensus model); it answers ``ETag: "<sha256>"`` and
+``X-Meshfl-Job-Id``, and 304 to a matching ``If-None-Match``.
 
 ``GET /devices/{device_id}/assignment`` may add an idle device to the latest running
 ``elastic`` job (a join: a new topology version); ``PUT .../profile`` may remove a
@@ -51,7 +63,7 @@ keeps the latest 1000 per device.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -59,6 +71,7 @@ __all__ = [
     "API_PREFIX",
     "JOB_MODES",
     "JOB_TOPOLOGIES",
+    "MAX_CLASSES",
     "Assignment",
     "CapabilityProfile",
     "CustomGraph",
@@ -69,10 +82,12 @@ __all__ = [
     "DeviceRoundReport",
     "EnrolRequest",
     "EnrolResponse",
+    "JobArtifacts",
     "JobDevicePublic",
     "JobPublic",
     "JobSpec",
     "JobStatus",
+    "ModelArtifact",
     "ModelSpec",
     "Neighbour",
     "ProfileSample",
@@ -84,6 +99,10 @@ __all__ = [
 ]
 
 API_PREFIX = "/api/v1"
+
+MAX_CLASSES = 100_000
+"""Most classes a model (``ModelSpec.num_classes``) may have; data labels must lie in
+``[0, MAX_CLASSES)``."""
 
 JOB_TOPOLOGIES = (
     "ring",
@@ -108,7 +127,7 @@ a neighbour whose latest message is more than ``staleness`` rounds old."""
 
 TopologyEventKind = Literal["start", "join", "leave"]
 
-JobStatus = Literal["created", "running", "completed", "stopped"]
+JobStatus = Literal["created", "running", "completed", "failed", "stopped"]
 
 
 class CapabilityProfile(TypedDict, total=False):
@@ -131,6 +150,7 @@ class CapabilityProfile(TypedDict, total=False):
     battery_percent: float | None  # 0..100; None: no battery
     charging: bool | None  # None: no battery
     measured_at: float  # unix seconds, device clock
+    role: Literal["train", "inference"]  # "inference": serve-only agent, never in a job
 
 
 class ProfileSample(TypedDict):
@@ -169,12 +189,24 @@ class DevicePublic(TypedDict):
 
 
 class ModelSpec(TypedDict):
-    """Which model to train; agents build it from the model zoo by ``name``."""
+    """Which model to train; agents build it from the model zoo by ``name``.
+
+    ``name`` is a zoo model (``mlp``, ``cnn1d``, ``logreg``, ``lenet``, ``resnet``) or
+    ``custom``: the agent imports ``factory`` (``"package.module:callable"``) and calls it
+    with ``kwargs`` (JSON values). ``image_shape`` ``[C, H, W]`` is how 2-D models read a
+    flat sample. ``hash`` (64 hex) is :func:`meshfl.modelspec.layout_hash` of the built
+    model: the coordinator fills it for zoo models, a custom spec must carry it, and an
+    agent that builds a different layout declines the job. See ``docs/models.md``.
+    """
 
     name: str  # "mlp"
     input_dim: int
     num_classes: int
     hidden: list[int]
+    image_shape: NotRequired[list[int]]
+    factory: NotRequired[str]
+    kwargs: NotRequired[dict[str, Any]]
+    hash: NotRequired[str]
 
 
 class JobSpec(TypedDict):
@@ -228,13 +260,15 @@ class JobSpec(TypedDict):
     uplink_budget_s: NotRequired[float]  # planner: seconds of uplink per message [0.05]
     min_battery_percent: NotRequired[float]  # below it (not charging): sit out [0: off]
     elastic: NotRequired[bool]  # admit idle devices that appear mid-job [False]
+    # Model artifacts (issue 8).
+    publish_model: NotRequired[bool]  # devices upload their final model.onnx at the end [False]
 
 
 class CustomGraph(TypedDict):
     """An uploaded graph: ``n`` nodes ``0..n-1`` and undirected ``edges`` ``[i, j]``."""
 
     n: int
-    edges: list[tuple[int, int]]
+    edges: list[list[int]]  # pairs [i, j] (JSON arrays)
 
 
 class DevicePlan(TypedDict):
@@ -315,6 +349,11 @@ class DeviceDone(TypedDict):
     bytes_sent: int
     bytes_received: int
     model_path: str
+    # The final model exported to ONNX next to model_path (None: the export failed) and
+    # max |logit(torch) - logit(onnxruntime)| on the device's test inputs (None: not
+    # measured). See docs/onnx.md.
+    onnx_path: NotRequired[str | None]
+    onnx_max_abs_diff: NotRequired[float | None]
 
 
 class DeviceDecline(TypedDict):
@@ -364,6 +403,8 @@ class JobDevicePublic(TypedDict):
     joined_round: int  # first round it ran (1, or later for a device that joined)
     left_round: int | None  # first round it no longer took part in (None: stayed)
     plan: DevicePlan
+    onnx_path: NotRequired[str | None]  # from its DeviceDone, when it reported one
+    onnx_max_abs_diff: NotRequired[float | None]
 
 
 class TopologyPublic(TypedDict):
@@ -394,3 +435,45 @@ class JobPublic(TypedDict):
     started_at: float | None
     finished_at: float | None
     devices: list[JobDevicePublic]
+
+
+class ModelArtifact(TypedDict):
+    """A model file the coordinator keeps for a job: one device's upload or the consensus.
+
+    ``name`` is the device id or ``"consensus"``; ``sha256`` (hex) and ``size_bytes`` are
+    ``None`` for a consensus that could not be built, and ``error`` says why; ``devices``
+    are the device ids a consensus averages (a device artifact: its own id).
+    """
+
+    name: str
+    sha256: str | None
+    size_bytes: int | None
+    created_at: float  # unix seconds, coordinator clock
+    devices: list[str]
+    error: str | None
+
+
+class JobArtifacts(TypedDict):
+    """``GET /jobs/{job_id}/artifacts``: the uploaded device models and the consensus."""
+
+    job_id: str
+    status: JobStatus
+    devices: list[ModelArtifact]
+    consensus: ModelArtifact | None  # None: no device model uploaded yet
+
+
+def _strict_bodies() -> None:
+    """Make every schema above strict for pydantic: ``true`` is not 1, ``"8"`` is not 8.
+
+    pydantic (the coordinator's FastAPI) reads ``__pydantic_config__`` from a TypedDict;
+    setting it as a plain dict keeps this module free of pydantic. Integers are still
+    accepted where a float is expected.
+    """
+    import typing_extensions
+
+    for value in list(globals().values()):
+        if isinstance(value, type) and typing_extensions.is_typeddict(value):
+            value.__pydantic_config__ = {"strict": True}  # type: ignore[attr-defined]
+
+
+_strict_bodies()

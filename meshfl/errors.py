@@ -92,7 +92,15 @@ class BrokerUnreachable(TransportError):
 
 
 class CoordinatorError(MeshflError):
-    """The coordinator refused a request (the message carries its reason)."""
+    """The coordinator refused a request (the message carries its reason).
+
+    ``status`` is the HTTP status of the refusal (e.g. 401, 403, 404), ``None`` when
+    there was no answer or it is unknown.
+    """
+
+    def __init__(self, *args: object, status: int | None = None) -> None:
+        super().__init__(*args)
+        self.status = status
 
 
 class CoordinatorUnreachable(CoordinatorError):

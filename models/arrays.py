@@ -6,7 +6,6 @@ The arrays are what the kernel (codecs, wire, aggregation) works on: an ordered
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from meshfl.errors import ConfigError
+from meshfl.modelspec import layout_hash
 
 __all__ = ["load_arrays", "spec_hash", "to_arrays"]
 
@@ -85,6 +85,10 @@ def load_arrays(module: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
 def spec_hash(model: nn.Module | Mapping[str, np.ndarray]) -> str:
     """Identity of a model's layout: sha256 over tensor names, shapes and dtypes, in order.
 
+    The one definition is :func:`meshfl.modelspec.layout_hash`, which the coordinator uses
+    on :func:`meshfl.modelspec.layout` (no torch): for a zoo spec,
+    ``spec_hash(build_model(spec, seed)) == layout_hash(layout(spec))``.
+
     Weights do not enter the hash, so every device training the same spec has the same
     hash whatever its current parameters. ``spec_hash(module) == spec_hash(to_arrays(module))``.
 
@@ -106,7 +110,4 @@ def spec_hash(model: nn.Module | Mapping[str, np.ndarray]) -> str:
         ]
     else:
         layout = [(name, tuple(np.shape(a)), np.asarray(a).dtype.name) for name, a in model.items()]
-    digest = hashlib.sha256()
-    for name, shape, dtype in layout:
-        digest.update(f"{name}|{','.join(map(str, shape))}|{dtype}\n".encode())
-    return digest.hexdigest()
+    return layout_hash(layout)

@@ -5,8 +5,12 @@ Formats (see ``docs/data.md``):
 - ``.npz``: arrays ``x`` (n, d) numeric features and ``y`` (n,) integer class labels;
   other arrays are ignored (device files may carry ``x_test``/``y_test``). Arrays of more
   than two dimensions (e.g. (n, 8, 8) images) are flattened to (n, d).
-- ``.csv``: a header row, one label column (``label`` by default), every other column a
-  numeric feature; one sample per row.
+- ``.csv``: a header row of distinct column names, one label column (``label`` by
+  default), every other column a numeric feature; one sample per row.
+- a directory: an image folder, one sub-folder per class (:mod:`models.images`).
+
+Labels must be integers in ``[0, MAX_CLASSES)`` (:data:`meshfl.contract.MAX_CLASSES`,
+the coordinator's limit on ``num_classes``); at least one sample and one feature.
 
 Every problem raises :class:`meshfl.errors.DataError` with a one-line message
 ``"<file>: <problem>; <fix>"``.
@@ -20,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from meshfl.contract import ModelSpec
+from meshfl.contract import MAX_CLASSES, ModelSpec
 from meshfl.errors import DataError
 
 __all__ = ["check_model_fit", "load_dataset_file", "load_test_arrays"]
 
-_FORMATS = ".npz or .csv"
+_FORMATS = ".npz, .csv or an image folder"
 
 
 def _fail(path: Path, problem: str, fix: str) -> DataError:
@@ -69,6 +73,13 @@ def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     if not rows:
         raise _fail(path, "the CSV file has no header row", "add a header naming the columns")
     header = [cell.strip() for cell in rows[0]]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise _fail(
+            path,
+            f"the CSV header repeats column name(s) {', '.join(map(repr, repeated))}",
+            "give every column a distinct name",
+        )
     if label_column not in header:
         raise _fail(
             path,
@@ -99,11 +110,43 @@ def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     return values[:, features], values[:, label_at]
 
 
+def _real(a: np.ndarray) -> bool:
+    return (
+        a.dtype == np.bool_
+        or np.issubdtype(a.dtype, np.integer)
+        or (np.issubdtype(a.dtype, np.floating))
+    )
+
+
+def _check_labels(path: Path, y: np.ndarray) -> np.ndarray:
+    """Labels (n,) of any real dtype → int64 in [0, MAX_CLASSES), compared before any cast."""
+    fix = f"number the classes 0, 1, 2, … (at most {MAX_CLASSES} classes)"
+    if y.dtype == np.bool_:
+        return y.astype(np.int64)
+    if not np.issubdtype(y.dtype, np.integer):
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = y.astype(np.float64)
+        if not np.isfinite(wide).all() or (wide != np.round(wide)).any():
+            raise _fail(path, "labels are not all integers", "store class labels as 0, 1, 2, …")
+        y = wide
+    low, high = y.min(), y.max()
+    if low < 0:
+        raise _fail(path, f"negative label {int(low)}", "number classes from 0")
+    if high >= MAX_CLASSES:
+        first = int(np.flatnonzero(y >= MAX_CLASSES)[0])
+        raise _fail(
+            path,
+            f"label {int(high)} (first out of range in sample {first}) is not below {MAX_CLASSES}",
+            fix,
+        )
+    return y.astype(np.int64)
+
+
 def _validate(path: Path, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     fix_x = "store the features as a numeric (n, d) array without NaN or inf"
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+    if not _real(x):
         raise _fail(path, f"features have non-numeric dtype {x.dtype}", fix_x)
-    if not (np.issubdtype(y.dtype, np.number) or y.dtype == np.bool_):
+    if not _real(y):
         raise _fail(path, f"labels have non-numeric dtype {y.dtype}", "store integer labels")
     if x.ndim < 2:
         raise _fail(path, f"features have shape {x.shape}, expected (n, d)", fix_x)
@@ -119,20 +162,31 @@ def _validate(path: Path, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.
             f"{x.shape[0]} feature rows but {y.shape[0]} labels",
             "give every sample exactly one label",
         )
-    x = x.reshape(x.shape[0], -1).astype(np.float32)
+    if int(np.prod(x.shape[1:])) == 0:
+        raise _fail(
+            path, f"features have shape {x.shape}: no feature columns", "add at least one feature"
+        )
+    with np.errstate(over="ignore"):
+        x = x.reshape(x.shape[0], -1).astype(np.float32)
     if not np.isfinite(x).all():
         bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
         raise _fail(path, f"features contain NaN or inf (first in sample {bad})", fix_x)
-    labels = y.astype(np.float64)
-    if not np.isfinite(labels).all() or (labels != np.round(labels)).any():
-        raise _fail(path, "labels are not all integers", "store class labels as 0, 1, 2, …")
-    if (labels < 0).any():
-        raise _fail(path, f"negative label {int(labels.min())}", "number classes from 0")
-    return x, labels.astype(np.int64)
+    return x, _check_labels(path, y)
 
 
-def _load(path: str | Path, label_column: str, test: bool) -> tuple[np.ndarray, np.ndarray]:
+def _load(
+    path: str | Path,
+    label_column: str,
+    test: bool,
+    image_size: tuple[int, int] | None = None,
+    grayscale: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
+    if path.is_dir():
+        from models.images import load_image_folder
+
+        folder = load_image_folder(path, image_size, grayscale)
+        return _validate(path, folder.x, folder.y)
     if not path.is_file():
         raise _fail(path, "no such data file", "check the path (--data) or create the file")
     if path.stat().st_size == 0:
@@ -148,32 +202,45 @@ def _load(path: str | Path, label_column: str, test: bool) -> tuple[np.ndarray, 
 
 
 def load_dataset_file(
-    path: str | Path, label_column: str = "label"
+    path: str | Path,
+    label_column: str = "label",
+    image_size: tuple[int, int] | None = None,
+    grayscale: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read a device's training data.
 
     Parameters
     ----------
     path : str or Path
-        A ``.npz`` file with arrays ``x`` and ``y`` or a ``.csv`` file with a header.
+        A ``.npz`` file with arrays ``x`` and ``y``, a ``.csv`` file with a header, or a
+        directory: an image folder (:func:`models.images.load_image_folder`).
     label_column : str, default "label"
-        The CSV column holding the class label (ignored for ``.npz``).
+        The CSV column holding the class label (ignored otherwise).
+    image_size : tuple[int, int], optional
+        (height, width) pixels images are resized to; None: the first image's size (every
+        image must have it). Image folders only.
+    grayscale : bool, default False
+        Read images as 8-bit grayscale (1 channel) instead of RGB. Image folders only.
 
     Returns
     -------
     x : numpy.ndarray
-        float32, shape (n, d), n ≥ 1, all finite.
+        float32, shape (n, d), n ≥ 1, d ≥ 1, all finite (features beyond float32's range
+        are refused as inf).
     y : numpy.ndarray
-        int64, shape (n,), all ≥ 0.
+        int64, shape (n,), all in [0, MAX_CLASSES) (:data:`meshfl.contract.MAX_CLASSES`).
 
     Raises
     ------
     DataError
         Missing, empty or unreadable file, unknown suffix, missing array or column,
-        non-numeric values, NaN/inf, mismatched lengths, non-integer or negative labels.
+        repeated CSV column names, non-numeric or complex values, no samples or no
+        features, NaN/inf, mismatched lengths, non-integer, negative or too large labels;
+        for an image folder also the problems :func:`models.images.load_image_folder`
+        names.
 
     """
-    return _load(path, label_column, test=False)
+    return _load(path, label_column, False, image_size, grayscale)
 
 
 def load_test_arrays(

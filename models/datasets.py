@@ -1,4 +1,4 @@
-"""Built-in datasets, label-skew partitioners and per-device data files.
+"""W1/W2 datasets, train/test splits of user files and per-device data files.
 
 W1 (``shared/WORKLOADS.md``): scikit-learn digits, features / 16, stratified 20 % test
 split with ``random_state=0``; 8 devices, Dirichlet(α = 0.5) label skew, numpy seed 0.
@@ -7,6 +7,10 @@ exactly.
 
 W2: MNIST-1D (Greydanus & Kobak, ICML 2024), generated offline by the ``mnist1d``
 package's ``make_dataset()`` with its default arguments; :func:`load_mnist1d_split`.
+
+The partitioners live in :mod:`models.partition` (``dirichlet_partition`` and
+``iid_partition`` are re-exported here); all built-in datasets by name in
+:mod:`models.builtin`.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import numpy as np
 
 from meshfl.errors import ConfigError, DataError
 from models.data import load_dataset_file
+from models.partition import _check_partition_args, dirichlet_partition, iid_partition
 
 __all__ = [
     "Split",
+    "check_output_dir",
     "dirichlet_partition",
     "iid_partition",
     "load_digits_split",
@@ -133,84 +139,23 @@ def load_mnist1d_split(seed: int = 0) -> Split:
     )
 
 
-def _check_partition_args(n_devices: int, alpha: float | None = None) -> None:
-    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
-        raise ConfigError(f"number of devices must be a positive integer, got {n_devices!r}")
-    if alpha is not None and not (np.isfinite(alpha) and alpha > 0):
-        raise ConfigError(f"Dirichlet alpha must be a positive number, got {alpha!r}")
-
-
-def dirichlet_partition(
-    y: np.ndarray, n_devices: int, alpha: float, seed: int = 0
-) -> list[np.ndarray]:
-    """Dirichlet(α) label-skew partition (Hsu et al., 2019, arXiv:1909.06335).
-
-    One ``np.random.default_rng(seed)`` serves all classes, taken in ascending order: for
-    class c with n_c samples, shuffle its indices, draw p ~ Dirichlet(α · 1_n_devices) and
-    split the shuffled indices at ``(cumsum(p) · n_c).astype(int)[:-1]``. This is W1's
-    recipe and reproduces ``shared/data/w1_partition.json`` for (α = 0.5, 8 devices, 0).
-
-    Parameters
-    ----------
-    y : numpy.ndarray
-        Integer labels, shape (n,).
-    n_devices : int
-        Number of parts, ≥ 1.
-    alpha : float
-        Concentration, > 0; small α gives strong skew, large α approaches IID.
-    seed : int, default 0
-        numpy seed.
-
-    Returns
-    -------
-    list[numpy.ndarray]
-        ``n_devices`` sorted int64 index arrays into ``y``, disjoint, covering all of it.
-        A part may be empty when α is small.
-
-    Raises
-    ------
-    ConfigError
-        ``n_devices`` < 1 or ``alpha`` ≤ 0.
-
-    """
-    _check_partition_args(n_devices, alpha)
-    labels = np.asarray(y)
-    rng = np.random.default_rng(seed)
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_devices)]
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        rng.shuffle(idx)
-        p = rng.dirichlet(alpha * np.ones(n_devices))
-        cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
-        for device, chunk in enumerate(np.split(idx, cuts)):
-            parts[device].append(chunk)
-    return [np.sort(np.concatenate([np.empty(0, np.int64), *p])).astype(np.int64) for p in parts]
-
-
-def iid_partition(y: np.ndarray, n_devices: int, seed: int = 0) -> list[np.ndarray]:
-    """IID partition: a seeded permutation split into near-equal parts.
-
-    Returns ``n_devices`` sorted int64 index arrays into ``y`` whose sizes differ by at
-    most one (``np.array_split``). Raises ConfigError when ``n_devices`` < 1.
-    """
-    _check_partition_args(n_devices)
-    order = np.random.default_rng(seed).permutation(len(y))
-    return [np.sort(part).astype(np.int64) for part in np.array_split(order, n_devices)]
-
-
 def split_dataset_file(
     path: str | Path,
     n_devices: int,
-    alpha: float,
+    alpha: float | None,
     seed: int,
     test_fraction: float = 0.2,
     label_column: str = "label",
+    image_size: tuple[int, int] | None = None,
+    grayscale: bool = False,
 ) -> Split:
-    """Load a user's ``.npz``/``.csv`` and make a stratified train/test split like W1's.
+    """Load a user's ``.npz``/``.csv``/image folder and make a stratified split like W1's.
 
     ``train_test_split(test_size=test_fraction, stratify=y, random_state=seed)``.
     ``n_devices`` and ``alpha`` are checked here (so a bad request fails before any file is
     written) and then used by :func:`dirichlet_partition` on ``split.y_train``.
+    ``label_column``, ``image_size`` and ``grayscale`` are passed to
+    :func:`models.data.load_dataset_file`.
 
     Raises
     ------
@@ -218,11 +163,12 @@ def split_dataset_file(
         The file does not load (see :func:`models.data.load_dataset_file`), a class is too
         small to stratify, or the training set has fewer samples than ``n_devices``.
     ConfigError
-        ``n_devices`` < 1, ``alpha`` ≤ 0 or ``test_fraction`` outside (0, 1).
+        ``n_devices`` < 1, ``alpha`` ≤ 0 (None: not checked, for other schemes) or
+        ``test_fraction`` outside (0, 1).
 
     """
     _check_partition_args(n_devices, alpha)
-    x, y = load_dataset_file(path, label_column)
+    x, y = load_dataset_file(path, label_column, image_size, grayscale)
     split = _stratified_split(x, y, test_fraction, seed, str(path))
     if len(split.y_train) < n_devices:
         raise DataError(
@@ -244,6 +190,26 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> None:
         raise
 
 
+def check_output_dir(out_dir: str | Path) -> None:
+    """Check, without creating anything, that ``out_dir`` can be an output directory.
+
+    Raises
+    ------
+    ConfigError
+        ``out_dir`` (or a parent of it) exists but is not a directory.
+
+    """
+    out = Path(out_dir)
+    for candidate in (out, *out.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(
+                    f"--out {out}: {candidate} is a file, not a directory; give a new or "
+                    "existing directory"
+                )
+            return
+
+
 def write_partition(
     out_dir: str | Path, split: Split, parts: list[np.ndarray]
 ) -> tuple[list[Path], Path]:
@@ -258,9 +224,26 @@ def write_partition(
     tuple[list[Path], Path]
         The device files in device order, and the test file.
 
+    Raises
+    ------
+    ConfigError
+        ``out_dir`` cannot be created or written (a file in the way, no permission, a
+        read-only or virtual file system).
+
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return _write_files(out, split, parts)
+    except OSError as error:
+        raise ConfigError(
+            f"--out {out}: cannot write there ({error.strerror or type(error).__name__}); "
+            "give a writable directory"
+        ) from None
+
+
+def _write_files(out: Path, split: Split, parts: list[np.ndarray]) -> tuple[list[Path], Path]:
     device_files: list[Path] = []
     for i, idx in enumerate(parts):
         target = out / f"device-{i}.npz"

@@ -43,7 +43,8 @@ def _read(
 def create_job(body: JobSpec, _: AdminDep, session: SessionDep, now: NowDep) -> JobPublic:
     """Validate a job spec and store the job (status ``created``)."""
     validation.validate_spec(body)
-    return _public(session, store.create_job(session, body, now))
+    spec = validation.fill_model_hash(body)  # stored with the job; agents check it
+    return _public(session, store.create_job(session, spec, now))
 
 
 @router.get("", response_model=list[JobPublic])

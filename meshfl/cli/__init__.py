@@ -18,6 +18,8 @@ from meshfl.cli.bench import bench_app
 from meshfl.cli.data import data_app
 from meshfl.cli.job import job_app
 from meshfl.cli.local import local
+from meshfl.cli.model import model_app
+from meshfl.cli.predict import predict
 from meshfl.cli.servers import broker_app, coordinator_app
 from meshfl.cli.topology import topology_app
 from meshfl.errors import MeshflError
@@ -38,7 +40,9 @@ app.add_typer(job_app, name="job")
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 app.add_typer(topology_app, name="topology")
+app.add_typer(model_app, name="model")
 app.command("local")(local)
+app.command("predict")(predict)
 
 
 # An optional dependency missing from this install, and the extra that brings it.
@@ -46,7 +50,7 @@ _EXTRAS = {
     "torch": "agent", "paho": "agent", "sklearn": "agent", "psutil": "agent",
     "fastapi": "coordinator", "uvicorn": "coordinator", "sqlalchemy": "coordinator",
     "alembic": "coordinator", "pydantic_settings": "coordinator", "amqtt": "broker",
-    "matplotlib": "local",
+    "matplotlib": "local", "onnxruntime": "infer",
 }  # fmt: skip
 
 

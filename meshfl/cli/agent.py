@@ -19,7 +19,9 @@ def run(
         ),
     ],
     token: Annotated[str, typer.Option(envvar="MESHFL_TOKEN", help="The fleet's enrolment token.")],
-    data: Annotated[Path, typer.Option(help="Local training data: .npz (x, y) or .csv.")],
+    data: Annotated[
+        Path, typer.Option(help="Local training data: .npz (x, y), .csv or an image folder.")
+    ],
     broker: Annotated[
         str | None, typer.Option(help="Broker URL (mqtt://HOST:PORT); default: the coordinator's.")
     ] = None,
@@ -73,3 +75,86 @@ def run(
             slowdown=slowdown,
         )
     )
+
+
+@agent_app.command("health")
+def health(
+    out: Annotated[Path, typer.Option(help="The agent's --out directory.")] = Path("meshfl-agent"),
+    name: Annotated[
+        str | None, typer.Option(help="The agent's --name (default: host name).")
+    ] = None,
+    max_age: Annotated[
+        float, typer.Option(min=1, help="Seconds after which a silent agent is unhealthy.")
+    ] = 60.0,
+) -> None:
+    """Exit 0 when the agent writing into --out is alive and connected, 1 otherwise.
+
+    For container health checks: the agent rewrites OUT/NAME.health.json every 10 s.
+    """
+    import socket
+
+    from edge_agent.health import check_health
+
+    problem = check_health(out, name or socket.gethostname().split(".")[0], max_age)
+    if problem is not None:
+        typer.echo(f"unhealthy: {problem}", err=True)
+        raise typer.Exit(1)
+    typer.echo("healthy")
+
+
+@agent_app.command("serve")
+def serve(
+    coordinator: Annotated[
+        str,
+        typer.Option(
+            envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."
+        ),
+    ],
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHFL_TOKEN", help="The fleet's enrolment token (enrols for inference only)."
+        ),
+    ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(envvar="MESHFL_ADMIN_TOKEN", help="Use the admin token instead of enrolling."),
+    ] = None,
+    job: Annotated[
+        str, typer.Option(help="Job whose consensus model to serve, or 'latest' (completed).")
+    ] = "latest",
+    host: Annotated[str, typer.Option(help="Address to listen on (default: this host only).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free port).")] = 8500,
+    poll: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between checks for a new model.")
+    ] = 30.0,
+    out: Annotated[Path, typer.Option(help="Where the downloaded model is kept.")] = Path(
+        "meshfl-serve"
+    ),
+    name: Annotated[str | None, typer.Option(help="Device name (default: the host name).")] = None,
+    threads: Annotated[int, typer.Option(min=1, help="onnxruntime threads per request.")] = 1,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
+) -> None:
+    """Serve the latest consensus model's predictions locally (onnxruntime, no torch).
+
+    POST /predict {"inputs": [[...], ...]} answers labels and probabilities; GET /healthz
+    says whether a model is loaded. A new consensus model is pulled when its sha256 changes.
+    """
+    import signal
+    import socket
+    import sys
+
+    from edge_agent.serve import ServeConfig, run_serve
+    from meshfl.cli import setup_logging
+
+    device_name = name or socket.gethostname().split(".")[0]
+    setup_logging(verbose, prefix=f"{device_name} serve")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run_serve(
+        ServeConfig(
+            coordinator=coordinator, token=token, admin_token=admin_token, job=job, host=host,
+            port=port, poll_s=poll, out=out, name=device_name, threads=threads,
+        )
+    )  # fmt: skip

@@ -8,6 +8,16 @@ from typing import Annotated, cast
 
 import typer
 
+from meshfl.cli.model import (
+    HiddenOption,
+    ImageShapeOption,
+    ModelKwargsOption,
+    ModelOption,
+    model_layout,
+    parse_hidden,
+    parse_image_shape,
+    parse_kwargs,
+)
 from meshfl.cli.options import (
     Algorithm,
     BatchSize,
@@ -33,7 +43,13 @@ from meshfl.cli.options import (
     TopologySeed,
     UplinkBudget,
 )
-from meshfl.contract import JobDevicePublic, RoundSummary, TopologyPublic
+from meshfl.contract import (
+    JobDevicePublic,
+    JobPublic,
+    ModelSpec,
+    RoundSummary,
+    TopologyPublic,
+)
 from meshfl.errors import MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.run import DEFAULTS
@@ -49,6 +65,33 @@ AdminToken = Annotated[
 ]
 
 
+def _model_spec(
+    model: str,
+    input_dim: int,
+    num_classes: int,
+    hidden: str | None,
+    image_shape: str | None,
+    kwargs: str | None,
+    model_hash: str | None,
+) -> ModelSpec:
+    """The job's model; a user model's hash is --model-hash or computed by building it here."""
+    from meshfl.modelspec import from_options, is_custom
+
+    spec = from_options(
+        model,
+        input_dim,
+        num_classes,
+        hidden=parse_hidden(hidden),
+        image_shape=parse_image_shape(image_shape),
+        kwargs=parse_kwargs(kwargs),
+    )
+    if model_hash is not None:
+        spec["hash"] = model_hash  # the coordinator checks its form (and a zoo model's value)
+    elif is_custom(spec):
+        spec["hash"] = model_layout(spec)[1]
+    return spec
+
+
 @job_app.command("start")
 def start(
     coordinator: Coordinator,
@@ -58,7 +101,14 @@ def start(
     ] = 0,
     input_dim: Annotated[int, typer.Option(help="Features per sample.")] = 64,
     num_classes: Annotated[int, typer.Option(help="Number of classes.")] = 10,
-    hidden: Annotated[str, typer.Option(help="Hidden layer widths, comma-separated.")] = "64",
+    model: ModelOption = DEFAULTS.model,
+    model_kwargs: ModelKwargsOption = None,
+    hidden: HiddenOption = None,
+    image_shape: ImageShapeOption = None,
+    model_hash: Annotated[
+        str | None,
+        typer.Option(help="A user model's spec hash (`meshfl model spec`); default: built here."),
+    ] = None,
     topology: Topology = DEFAULTS.topology,
     algorithm: Algorithm = DEFAULTS.algorithm,
     codec: CodecSpec = DEFAULTS.codec,
@@ -86,6 +136,12 @@ def start(
     uplink_budget: UplinkBudget = DEFAULTS.uplink_budget_s,
     min_battery: MinBattery = DEFAULTS.min_battery_percent,
     elastic: Elastic = DEFAULTS.elastic,
+    publish_model: Annotated[
+        bool,
+        typer.Option(
+            help="Devices upload their final model.onnx; the coordinator builds the consensus."
+        ),
+    ] = False,
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
     """Create a job and start it on the enrolled devices.
@@ -101,12 +157,9 @@ def start(
     label = Path(topology).stem if "custom_graph" in topology_fields else topology
     spec = {
         "name": f"{algorithm}-{codec}-{label}",
-        "model": {
-            "name": "mlp",
-            "input_dim": input_dim,
-            "num_classes": num_classes,
-            "hidden": [int(h) for h in hidden.split(",") if h.strip()],
-        },
+        "model": _model_spec(
+            model, input_dim, num_classes, hidden, image_shape, model_kwargs, model_hash
+        ),
         "algorithm": algorithm,
         "codec": codec,
         "rounds": rounds,
@@ -135,6 +188,8 @@ def start(
         "min_battery_percent": min_battery,
         "elastic": elastic,
     }
+    if publish_model:
+        spec["publish_model"] = True
     if topology_seed is not None:
         spec["topology_seed"] = topology_seed
     job = client.create_job(spec)  # type: ignore[arg-type]
@@ -224,9 +279,32 @@ def _follow(client: AdminClient, job_id: str) -> None:
             for d in job["devices"]:
                 if d["error"]:
                     typer.echo(f"{d['name']} {_why_out(d)}")
-            typer.echo(f"job {job_id}: {job['status']}")
+            _summary(job, rounds)
+            if job["status"] != "completed":
+                raise typer.Exit(1)
             return
         time.sleep(1.0)
+
+
+def _summary(job: JobPublic, rounds: list[RoundSummary]) -> None:
+    """The last lines of ``--follow``: status, final accuracy, where the models are."""
+    typer.echo(f"job {job['job_id']}: {job['status']}")
+    finished = [d for d in job["devices"] if d["done"] and d["error"] is None]
+    if rounds:
+        last = rounds[-1]
+        typer.echo(
+            f"final mean accuracy {last['mean_accuracy']:.4f}, minimum"
+            f" {last['min_accuracy']:.4f} after {len(rounds)} rounds;"
+            f" {len(finished)} of {len(job['devices'])} devices finished"
+        )
+    if finished:
+        typer.echo(
+            "each device saved its model (model.pt, model.npz, model.onnx) under its --out"
+            f" directory as {job['job_id']}/NAME/; with --publish-model, the consensus is at"
+            f" GET /api/v1/jobs/{job['job_id']}/artifacts/consensus.onnx"
+        )
+    if job["status"] == "failed":
+        typer.echo("no device finished the job: see the reasons above", err=True)
 
 
 def _why_out(device: JobDevicePublic) -> str:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from meshfl.cli.model import (
+    HiddenOption,
+    ImageShapeOption,
+    ModelKwargsOption,
+    ModelOption,
+    parse_hidden,
+    parse_image_shape,
+    parse_kwargs,
+)
 from meshfl.cli.options import (
     Algorithm,
     BatchSize,
@@ -41,7 +51,11 @@ def local(
     agents: Annotated[int, typer.Option(help="Number of agent processes.")] = 8,
     rounds: Rounds = DEFAULTS.rounds,
     dataset: Annotated[
-        str, typer.Option(help="'digits' (built in) or a .npz/.csv file to partition.")
+        str,
+        typer.Option(
+            help="Built in (digits, mnist1d, iris, wine, breast_cancer), a .npz/.csv file or"
+            " an image folder to partition."
+        ),
     ] = "digits",
     topology: Topology = DEFAULTS.topology,
     algorithm: Algorithm = DEFAULTS.algorithm,
@@ -96,6 +110,10 @@ def local(
             metavar="DEVICE@ROUND", help="SIGKILL that agent after ROUND (repeatable; 2@8)."
         ),
     ] = None,
+    model: ModelOption = DEFAULTS.model,
+    model_kwargs: ModelKwargsOption = None,
+    hidden: HiddenOption = None,
+    image_shape: ImageShapeOption = None,
 ) -> None:
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
@@ -141,6 +159,10 @@ def local(
         links=tuple(parse_link_option(s) for s in link or ()),
         join_at=tuple(join_at or ()),
         kill=tuple(parse_kill(s) for s in kill or ()),
+        model=model,
+        hidden=_tuple(parse_hidden(hidden)),
+        image_shape=_tuple(parse_image_shape(image_shape)),
+        model_kwargs=parse_kwargs(model_kwargs),
     )
     validate(config)
     # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
@@ -152,6 +174,7 @@ def local(
         soft_wrap=True,
     )
     view = _RoundView(console)
+    began = time.monotonic()
     try:
         with view:
             result = run_local(config, show=view.update, notify=view.note)
@@ -167,7 +190,8 @@ def local(
             f"final mean accuracy [bold]{final['mean_accuracy']:.4f}[/],"
             f" minimum {final['min_accuracy']:.4f};"
             f" {final['bytes_sent_total'] / 1e6:.3f} MB sent;"
-            f" {final['wall_s']:.1f} s"
+            f" {final['wall_s']:.1f} s from fleet start to the job's end,"
+            f" {time.monotonic() - began:.1f} s in all"
         )
     for name, why in result.failed_agents.items():
         console.print(f"[yellow]agent {name} failed: {why}[/]")
@@ -189,6 +213,17 @@ def local(
         f"report: {result.report_path}"
         + (f", plot: {result.plot_path}" if result.plot_path else "")
     )
+    onnx = result.report.get("onnx")
+    if onnx is not None:
+        from meshfl.local.onnx_report import consensus_line
+
+        for failure in onnx["failures"]:
+            console.print(f"ONNX check failed: {failure}", style="red", markup=False)
+        console.print(consensus_line(onnx), markup=False, highlight=False, soft_wrap=True)
+
+
+def _tuple(values: list[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _churn_lines(report: dict[str, Any]) -> list[str]:

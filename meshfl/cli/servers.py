@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -29,6 +30,10 @@ def coordinator_serve(
     ] = None,
     admin_token: Annotated[
         str | None, typer.Option(help="Admin API token (default: generated and printed).")
+    ] = None,
+    artifacts_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where published models are kept (default: next to the database)."),
     ] = None,
 ) -> None:
     """Serve the coordinator's REST API (OpenAPI docs at /docs).
@@ -58,6 +63,7 @@ def coordinator_serve(
         "broker_url": broker_url,
         "enrol_token": enrol_token,
         "admin_token": admin_token,
+        "artifacts_dir": artifacts_dir,
     }
     settings = CoordinatorSettings(**{k: v for k, v in overrides.items() if v is not None})
     transport = _control_transport(settings.broker_url, settings.fleet)
@@ -113,3 +119,21 @@ def broker_serve(
     from broker.embedded import serve
 
     serve(host, port)
+
+
+@broker_app.command("config")
+def broker_config(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 1883,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    persistence_dir: Annotated[
+        Path | None, typer.Option(help="Where Mosquitto keeps sessions across restarts.")
+    ] = None,
+) -> None:
+    """Print meshfl's Mosquitto 2 configuration (the one tests and `meshfl local` run).
+
+    docker/mosquitto.conf is this command's output for the compose fleet:
+    meshfl broker config --host 0.0.0.0 --persistence-dir /mosquitto/data
+    """
+    from broker.mosquitto import mosquitto_config
+
+    typer.echo(mosquitto_config(port, host=host, persistence_dir=persistence_dir), nl=False)

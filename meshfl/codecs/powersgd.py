@@ -108,9 +108,9 @@ class PowerSGD(Codec):
         matrix = arr.reshape(m, n)
         q0 = self._rng.standard_normal((n, self.rank), dtype=np.float32)
         with np.errstate(over="ignore", invalid="ignore"):
-            p = (matrix @ q0).astype(np.float64)
-            if not bool(np.isfinite(p).all()):  # float32 overflow: redo in float64
-                p = matrix.astype(np.float64) @ q0.astype(np.float64)
+            # float64: when q0 is nearly orthogonal to the row space, M q0 cancels and
+            # float32 would lose the direction of P (relative error ~1e-3 seen).
+            p = matrix.astype(np.float64) @ q0.astype(np.float64)
             p_hat = np.linalg.qr(p)[0].astype(np.float32)
             q = (matrix.T @ p_hat).astype(np.float64)
             if not bool(np.isfinite(q).all()):

@@ -10,6 +10,7 @@ from meshfl.contract import (
     API_PREFIX,
     DevicePublic,
     DeviceRoundReport,
+    JobArtifacts,
     JobPublic,
     JobSpec,
     RoundSummary,
@@ -90,7 +91,20 @@ class AdminClient:
         """The job's graph, mixing matrix and spectral gap."""
         return cast(dict[str, Any], self._call("GET", f"/jobs/{job_id}/topology"))
 
+    def artifacts(self, job_id: str) -> JobArtifacts:
+        """The job's uploaded device models and consensus model."""
+        return cast(JobArtifacts, self._call("GET", f"/jobs/{job_id}/artifacts"))
+
+    def download(self, path: str) -> bytes:
+        """The bytes of a GET under the API prefix (a model file)."""
+        response = self._send("GET", path)
+        return response.content
+
     def _call(self, method: str, path: str, json: Any = None) -> Any:
+        response = self._send(method, path, json)
+        return None if response.status_code == 204 else response.json()
+
+    def _send(self, method: str, path: str, json: Any = None) -> httpx.Response:
         try:
             response = self._http.request(method, path, json=json)
         except httpx.TransportError as exc:
@@ -103,4 +117,4 @@ class AdminClient:
             except ValueError:
                 detail = response.text
             raise CoordinatorError(f"the coordinator refused ({response.status_code}): {detail}")
-        return None if response.status_code == 204 else response.json()
+        return response

@@ -62,17 +62,14 @@ class LockstepResult:
 
 @functools.cache
 def load_split(dataset: str, seed: int = 0) -> Split:
-    """The built-in datasets by name: ``"digits"`` (W1) or ``"mnist1d"`` (W2), cached.
+    """A built-in dataset by name (``models.builtin.BUILTIN_DATASETS``), cached.
 
-    Callers must not modify the returned arrays. Raises ConfigError for another name.
+    ``"digits"`` is W1, ``"mnist1d"`` W2. Callers must not modify the returned arrays.
+    Raises ConfigError for another name.
     """
-    from models.datasets import load_digits_split, load_mnist1d_split
+    from models.builtin import load_builtin
 
-    if dataset == "digits":
-        return load_digits_split(seed)
-    if dataset == "mnist1d":
-        return load_mnist1d_split(seed)
-    raise ConfigError(f"unknown built-in dataset {dataset!r}; known: digits, mnist1d")
+    return load_builtin(dataset, seed)
 
 
 def run_lockstep(
@@ -87,7 +84,8 @@ def run_lockstep(
     Parameters
     ----------
     config : LocalConfig
-        ``dataset`` is ``"digits"`` (W1), ``"mnist1d"`` (W2) or a ``.npz``/``.csv`` file;
+        ``dataset`` is a built-in name (``"digits"`` W1, ``"mnist1d"`` W2, ``"iris"``,
+        ``"wine"``, ``"breast_cancer"``), a ``.npz``/``.csv`` file or an image folder;
         ``agents``, ``alpha`` and ``seed`` give the Dirichlet partition; ``codec``,
         ``consensus_step`` (γ), ``keyframe_growth``, ``dense_below``, ``byte_budget``
         (the per-tensor :class:`meshfl.codecs.CodecPolicy`, as the agents build it) and
@@ -121,12 +119,13 @@ def run_lockstep(
     from meshfl.aggregation import ChocoGossip, CompressedDPSGD, DPSGDGossip, GossipAlgorithm
     from meshfl.codecs import CodecPolicy, parse_codec
     from meshfl.topology import build_graph, exponential, metropolis_hastings
+    from models.builtin import BUILTIN_DATASETS, num_classes
     from models.datasets import dirichlet_partition, split_dataset_file
 
     scheme = config.algorithm if gossip is None else gossip
     if scheme not in GOSSIPS:
         raise ConfigError(f"gossip must be one of {', '.join(GOSSIPS)} (got {scheme!r})")
-    if config.dataset in ("digits", "mnist1d"):
+    if config.dataset in BUILTIN_DATASETS:
         split = load_split(config.dataset, config.seed)
     else:
         split = split_dataset_file(
@@ -134,7 +133,7 @@ def run_lockstep(
             label_column=config.label_column,
         )  # fmt: skip
     parts = dirichlet_partition(split.y_train, config.agents, config.alpha, config.seed)
-    classes = 10 if config.dataset in ("digits", "mnist1d") else int(split.y_test.max()) + 1
+    classes = num_classes(split)
     spec = model or {"name": "mlp", "input_dim": int(split.x_train.shape[1]),
                      "num_classes": classes, "hidden": [64]}  # fmt: skip
     seed = config.seed if model_seed is None else model_seed

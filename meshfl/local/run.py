@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfl.contract import JobPublic, JobSpec, RoundSummary
+from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.fleet import Churn, device_name, start_links
@@ -41,7 +41,10 @@ class LocalConfig:
     ``join_at``). The per-device fields (:mod:`meshfl.local.fleet`) name devices
     ``"device-3"`` (or ``"3"``): ``slow`` ``(device, factor ≥ 1)`` pairs, ``links``
     ``(device, "RATE[:LATENCY]")`` pairs, ``join_at`` the rounds after which one more
-    agent starts, ``kill`` ``(device, round)`` pairs.
+    agent starts, ``kill`` ``(device, round)`` pairs. The model (``docs/models.md``):
+    ``model`` a zoo name or ``package.module:callable``, ``hidden`` None for the model's
+    default (W1: mlp [64]), ``image_shape`` ``(C, H, W)`` for 2-D models (None: square),
+    ``model_kwargs`` a user model's keyword arguments.
     """
 
     agents: int = 8
@@ -80,6 +83,10 @@ class LocalConfig:
     links: tuple[tuple[str, str], ...] = ()
     join_at: tuple[int, ...] = ()
     kill: tuple[tuple[str, int], ...] = ()
+    model: str = "mlp"
+    hidden: tuple[int, ...] | None = None
+    image_shape: tuple[int, ...] | None = None
+    model_kwargs: dict[str, Any] | None = None
 
 
 DEFAULTS = LocalConfig()
@@ -141,6 +148,7 @@ def run_local(
     supervisor = Supervisor(out / "logs")
     started = time.monotonic()
     hooks = Hooks(on_round, show, notify)
+    say = notify or (lambda line: None)
     admin: AdminClient | None = None
     proxies: dict[str, ShapingProxy] = {}
     try:
@@ -148,6 +156,7 @@ def run_local(
         proxies = start_links(config, broker_url)
         enrol_token = secrets.token_urlsafe(16)
         url, admin = _start_coordinator(supervisor, out, broker_url, enrol_token)
+        say(f"broker {broker_url}, coordinator {url}; starting {config.agents} agents")
         slow = {device_name(name, "--slow"): factor for name, factor in config.slow}
 
         def start_agent(name: str) -> Child:
@@ -169,6 +178,7 @@ def run_local(
         _wait_for_enrolment(admin, supervisor, config.agents)
         job = admin.create_job(spec)
         job = admin.start_job(job["job_id"])
+        say(f"{config.agents} agents enrolled; job {job['job_id']} started")
         churn = Churn(config, start_agent)
         try:
             final_job, rounds, failed = monitor(admin, supervisor, job, config, hooks, churn)
@@ -189,6 +199,12 @@ def run_local(
             profiles={d["device_id"]: d["profile"] for d in admin.devices()},
             device_reports=admin.reports(job["job_id"]),
         )  # fmt: skip
+        say("job ended; fetching the consensus model and checking the ONNX exports")
+        report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
+        published = report["artifacts"].get("path")
+        report["onnx"] = _onnx_section(
+            final_job, spec, test_file, out, failed, None if published is None else Path(published)
+        )
     finally:
         if admin is not None:
             admin.close()
@@ -197,6 +213,40 @@ def run_local(
             proxy.stop()
     report_path, plot_path = write_report(out, report)
     return LocalRun(report, report_path, plot_path, failed)
+
+
+def _onnx_section(
+    job: JobPublic,
+    spec: JobSpec,
+    test_file: Path,
+    out: Path,
+    failed: dict[str, str],
+    published: Path | None,
+) -> dict[str, Any]:
+    """The report's ``onnx`` section, checking ``OUT/consensus.onnx`` (:mod:`.onnx_report`)."""
+    from meshfl.local.onnx_report import onnx_section
+    from models.data import load_dataset_file
+
+    x_test, y_test = load_dataset_file(test_file)
+    return onnx_section(job, spec["model"], x_test, y_test, out / "models", out, failed, published)
+
+
+def _artifacts(admin: AdminClient, job_id: str, path: Path) -> dict[str, Any]:
+    """The coordinator's model artifacts; its consensus model saved as ``path``.
+
+    Returns the ``GET /jobs/{id}/artifacts`` listing plus the saved ``path``, or
+    ``{"error": why}``: a failure here never loses the run's report.
+    """
+    try:
+        listing: dict[str, Any] = dict(admin.artifacts(job_id))
+        consensus = listing.get("consensus")
+        if consensus is not None and consensus["sha256"] is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(admin.download(f"/jobs/{job_id}/artifacts/consensus.onnx"))
+            listing["path"] = str(path)
+        return listing
+    except (MeshflError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 def _interrupted(
@@ -228,25 +278,15 @@ def _interrupted(
 
 def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
     """Partition the training set over the agents and the ``join_at`` joiners, in order."""
-    from models.datasets import (
-        dirichlet_partition,
-        load_digits_split,
-        split_dataset_file,
-        write_partition,
-    )
+    from models.builtin import BUILTIN_DATASETS, load_split
+    from models.datasets import dirichlet_partition, write_partition
 
     devices = config.agents + len(config.join_at)
-    if config.dataset == "digits":
-        split = load_digits_split(config.seed)
-    else:
+    split = load_split(
+        config.dataset, config.seed, n_devices=devices, label_column=config.label_column
+    )
+    if config.dataset not in BUILTIN_DATASETS:
         path = Path(config.dataset)
-        if not path.exists():
-            raise ConfigError(
-                f"--dataset {config.dataset!r} is neither 'digits' nor an existing .npz/.csv file"
-            )
-        split = split_dataset_file(
-            path, devices, config.alpha, config.seed, label_column=config.label_column
-        )
         _check_labels(path, split.x_train, np.concatenate([split.y_train, split.y_test]))
     parts = dirichlet_partition(split.y_train, devices, config.alpha, config.seed)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
@@ -340,17 +380,36 @@ def _wait_for_enrolment(admin: AdminClient, supervisor: Supervisor, n: int) -> N
     raise MeshflError(f"only {len(admin.devices())} of {n} agents enrolled within 120 s")
 
 
+def _model_spec(config: LocalConfig, input_dim: int, classes: int) -> ModelSpec:
+    """The job's model; a user model is built here once to refuse it early and hash it."""
+    from meshfl.modelspec import from_options, is_custom
+
+    spec = from_options(
+        config.model,
+        input_dim,
+        classes,
+        hidden=None if config.hidden is None else list(config.hidden),
+        image_shape=None if config.image_shape is None else list(config.image_shape),
+        kwargs=config.model_kwargs,
+    )
+    if is_custom(spec):  # the coordinator cannot hash it: the spec must carry its hash
+        from models.arrays import spec_hash
+        from models.zoo import build_model
+
+        spec["hash"] = spec_hash(build_model(spec, config.seed))
+    return spec
+
+
 def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
     from models.data import load_dataset_file
 
     x, y = load_dataset_file(test_file)
-    classes = int(y.max()) + 1
-    if config.dataset == "digits":
+    classes = int(y.max()) + 1  # the stratified test set holds every class
+    if config.dataset in ("digits", "mnist1d"):
         classes = 10
     spec: JobSpec = {
         "name": f"local-{Path(config.dataset).stem}",
-        "model": {"name": "mlp", "input_dim": int(x.shape[1]), "num_classes": classes,
-                  "hidden": [64]},
+        "model": _model_spec(config, int(x.shape[1]), classes),
         "algorithm": config.algorithm,  # type: ignore[typeddict-item]
         "codec": config.codec,
         "topology": config.topology,  # replaced below
@@ -368,6 +427,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "keyframe_growth": config.keyframe_growth,
         "dense_below": config.dense_below,
         "byte_budget": config.byte_budget,
+        "publish_model": True,  # agents upload model.onnx; the coordinator averages them
     }  # fmt: skip
     spec.update(topology_fields(config.topology))  # type: ignore[typeddict-item]
     # The issue-4 keys go in only when they differ from the contract's defaults.

@@ -48,6 +48,7 @@ def validate(config: LocalConfig) -> None:
     from meshfl.codecs import parse_codec
 
     parse_codec(config.codec)
+    _validate_hidden(config.hidden)
     _validate_topology(config)
     _validate_rounds(config)
     validate_fleet(config)
@@ -129,6 +130,21 @@ def _validate_topology(config: LocalConfig) -> None:
             f"--topology {config.topology} with --agents {config.agents}: {exc}"
             " (the options: --agents, --degree, --probability, --topology-seed)"
         ) from None
+
+
+def _validate_hidden(widths: tuple[int, ...] | None) -> None:
+    """``--hidden`` within the bounds every job has (those the coordinator enforces)."""
+    from meshfl.modelspec import MAX_HIDDEN_LAYERS, MAX_WIDTH
+
+    if widths is None:
+        return
+    if len(widths) > MAX_HIDDEN_LAYERS:
+        raise ConfigError(f"--hidden gives {len(widths)} widths; give at most {MAX_HIDDEN_LAYERS}")
+    for width in widths:
+        if not 1 <= width <= MAX_WIDTH:
+            raise ConfigError(
+                f"--hidden width {width} is out of range; use widths in [1, {MAX_WIDTH}]"
+            )
 
 
 def _validate_rounds(config: LocalConfig) -> None:

@@ -62,6 +62,16 @@ def test_the_cli_runs_a_small_fleet_that_beats_chance(tmp_path: Path) -> None:
     assert set(report["time_to_accuracy"]) == {"0.80", "0.85", "0.90"}
     assert (out / "report.png").stat().st_size > 10_000
     assert "final mean accuracy" in proc.stdout
+    # every device exported its final model to ONNX with parity, and the consensus too
+    onnx = report["onnx"]
+    assert onnx["failures"] == []
+    assert [d["ok"] for d in onnx["devices"]] == [True] * 4
+    assert all(Path(d["path"]).is_file() and d["max_abs_diff"] <= 1e-5 for d in onnx["devices"])
+    consensus = onnx["consensus"]
+    assert consensus["path"] == str(out / "consensus.onnx") and consensus["excluded"] == []
+    assert consensus["max_abs_diff"] <= 1e-5
+    assert consensus["accuracy_onnx"] == consensus["accuracy_torch"] > 0.5
+    assert f"consensus model: {out / 'consensus.onnx'}, accuracy" in proc.stdout
     # every message arrived in time, so the fleet computed what lockstep computes
     lockstep = run_lockstep(LocalConfig(agents=4, rounds=5))
     np.testing.assert_allclose([r["mean_accuracy"] for r in report["rounds"]],
@@ -148,8 +158,15 @@ def test_a_killed_agent_does_not_hang_the_others(tmp_path: Path) -> None:
     assert killed == ["device-1"]
     assert [r["round"] for r in report["rounds"]] == list(range(1, 21))
     victim = next(d for d in report["devices"] if d["name"] == "device-1")
-    assert set(victim["missing_rounds"]) >= {18, 19, 20}
-    assert all("device-1" in r["missing_devices"] for r in report["rounds"][-3:])
+    # Dead from its first missing round on: missing, until the coordinator takes it out of
+    # the topology (left_round; how soon depends on the machine's speed), then gone.
+    first = min(victim["missing_rounds"])
+    left = min(victim["left_round"] or 21, 21)  # it may be taken out after the last round
+    assert set(victim["missing_rounds"]) == set(range(first, left))
+    assert all(
+        ("device-1" in r["missing_devices"]) == (r["round"] < left)
+        for r in report["rounds"][first - 1 :]
+    )
     others = [d for d in report["devices"] if d["name"] != "device-1"]
     assert all(d["missing_rounds"] == [] for d in others)
     assert "device-1" in result.failed_agents

@@ -15,6 +15,7 @@ from coordinator import CoordinatorSettings, create_app
 from coordinator.deps import get_now
 from coordinator.server import ensure_tokens
 from meshfl.errors import ConfigError
+from meshfl.modelspec import layout, layout_hash
 from meshfl.topology import build_graph, metropolis_hastings, spectral_gap
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
@@ -442,7 +443,9 @@ def test_valid_jobs_are_created(client: TestClient) -> None:
     job = r.json()
     assert r.status_code == 201
     assert (job["status"], job["started_at"], job["devices"]) == ("created", None, [])
-    assert job["spec"] == spec(algorithm="dpsgd", codec="fp32")
+    posted = spec(algorithm="dpsgd", codec="fp32")
+    model_hash = layout_hash(layout(posted["model"]))  # filled in at creation (issue 8)
+    assert job["spec"] == {**posted, "model": {**posted["model"], "hash": model_hash}}
     listed = client.get(f"{API}/jobs", headers=ADMIN_H).json()
     assert [j["job_id"] for j in listed] == [job["job_id"]]
     assert client.get(f"{API}/jobs/job-nope", headers=ADMIN_H).status_code == 404
@@ -518,6 +521,20 @@ def test_a_declining_device_counts_as_done_with_its_reason(
     declined = next(d for d in job["devices"] if d["device_id"] == b)
     assert declined["error"] == "4 features, needs 64" and declined["final_accuracy"] is None
     assert next(d for d in job["devices"] if d["device_id"] == a)["error"] is None
+
+
+def test_a_job_every_device_declined_ends_failed(client: TestClient, clock: FakeClock) -> None:
+    (_, a_h), (_, b_h) = enrol(client, clock, "pi-a"), enrol(client, clock, "pi-b")
+    job_id = client.post(f"{API}/jobs", json=spec(devices=2), headers=ADMIN_H).json()["job_id"]
+    client.post(f"{API}/jobs/{job_id}/start", headers=ADMIN_H)
+
+    for headers in (a_h, b_h):
+        client.post(f"{API}/jobs/{job_id}/decline", json={"reason": "768 features, needs 64"},
+                    headers=headers)  # fmt: skip
+
+    job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+    assert job["status"] == "failed"
+    assert all(d["error"] == "768 features, needs 64" for d in job["devices"])
 
 
 def test_start_needs_enough_devices_and_topology_needs_a_start(
@@ -767,3 +784,22 @@ def test_absurd_profiles_and_offsets_are_refused_not_crashed_on(
     assert [huge.status_code, long_text.status_code, control.status_code] == [422, 422, 422]
     assert offset.status_code == 422
     assert "profile.cores" in huge.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("rounds", True), ("rounds", "5"), ("learning_rate", "0.1"), ("codec", 1)],
+)
+def test_json_types_are_strict(client: TestClient, field: str, value: Any) -> None:
+    r = client.post(f"{API}/jobs", json=spec(**{field: value}), headers=ADMIN_H)
+
+    assert r.status_code == 422, r.text
+
+
+def test_a_boolean_model_width_is_refused_not_read_as_1(client: TestClient) -> None:
+    body = spec()
+    body["model"]["input_dim"] = True
+
+    r = client.post(f"{API}/jobs", json=body, headers=ADMIN_H)
+
+    assert r.status_code == 422 and "input_dim" in r.text

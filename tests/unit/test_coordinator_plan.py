@@ -221,7 +221,10 @@ def test_dense_bytes_counts_the_mlp_parameters() -> None:
     assert dense_bytes(mlp) == 4 * (785 * 64 + 65 * 10)  # type: ignore[arg-type]
     assert dense_bytes(flat) == 4 * 5 * 2  # type: ignore[arg-type]
     cnn = spec(model={"name": "cnn1d", "input_dim": 40, "num_classes": 10, "hidden": [8]})
-    assert dense_bytes(cnn) == UNKNOWN_MODEL_BYTES  # type: ignore[arg-type]
+    assert dense_bytes(cnn) == 4 * (8 * 5 + 8 + 8 * 19 * 10 + 10)  # type: ignore[arg-type]
+    custom = spec(model={"name": "custom", "factory": "pkg.mod:make", "input_dim": 40,
+                         "num_classes": 10, "hidden": [], "hash": "0" * 64})  # fmt: skip
+    assert dense_bytes(custom) == UNKNOWN_MODEL_BYTES  # type: ignore[arg-type]
 
 
 # --- topology parameters and kinds -----------------------------------------------------------

@@ -42,6 +42,7 @@ def test_migrated_sqlite_schema_matches_the_orm(tmp_path: Path) -> None:
         "jobs",
         "job_devices",
         "round_metrics",
+        "model_artifacts",
         "alembic_version",
     } == tables
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,23 @@ BAD_FILES = {
     "nan.npz": ({"x": np.array([[1.0, np.inf]]), "y": np.zeros(1)}, "NaN or inf"),
     "flat.npz": ({"x": np.zeros(3), "y": np.zeros(3)}, "expected \\(n, d\\)"),
     "strings.npz": ({"x": np.array([["a"]]), "y": np.zeros(1)}, "non-numeric dtype"),
+    "objects.npz": ({"x": np.array([[1, None]], dtype=object), "y": np.zeros(1)}, "object"),
+    "huge_label.npz": (
+        {"x": np.ones((4, 2)), "y": np.array([0, 2**40, 0, 2**40])},
+        "label 1099511627776 .* not below 100000",
+    ),
+    "uint64_label.npz": (
+        {"x": np.ones((2, 2)), "y": np.array([0, 2**64 - 1], dtype=np.uint64)},
+        "label 18446744073709551615 .* not below 100000",
+    ),
+    "limit_label.npz": ({"x": np.ones((2, 2)), "y": np.array([0, 100_000])}, "not below"),
+    "float_huge_label.npz": ({"x": np.ones((2, 2)), "y": np.array([0.0, 1e300])}, "not below"),
+    "huge_label.csv": (b"a,label\n1,0\n2,99999999999999999999\n", "label 1000000000000000000"),
+    "no_features.npz": ({"x": np.zeros((40, 0)), "y": np.arange(40) % 2}, "no feature columns"),
+    "no_features_3d.npz": ({"x": np.zeros((4, 3, 0)), "y": np.zeros(4)}, "no feature columns"),
+    "no_samples.npz": ({"x": np.zeros((0, 3)), "y": np.zeros(0)}, "no samples"),
+    "complex.npz": ({"x": np.ones((2, 2)), "y": np.array([0j, 1j])}, "non-numeric dtype"),
+    "duplicate.csv": (b"f0,f0,f1,label,label\n1,2,3,0,0\n", "repeats column name.*'f0', 'label'"),
 }
 
 
@@ -107,3 +126,21 @@ def test_label_beyond_classes_against_model():
 def test_fitting_data_passes():
     x = np.zeros((2, 64), dtype=np.float32)
     assert check_model_fit(x, np.array([0, 9]), SPEC) is None
+
+
+def test_labels_up_to_the_class_limit_load_without_warnings(tmp_path):
+    path = tmp_path / "wide.npz"
+    np.savez(path, x=np.ones((3, 2)), y=np.array([0, 7, 99_999], dtype=np.uint64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, y = load_dataset_file(path)
+    assert y.dtype == np.int64 and y.tolist() == [0, 7, 99_999]
+
+
+def test_overflowing_csv_label_is_refused_without_warnings(tmp_path):
+    path = tmp_path / "big.csv"
+    path.write_text("a,label\n1,0\n2,99999999999999999999\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match="not below 100000"):
+            load_dataset_file(path)

@@ -38,6 +38,54 @@ def _options(*command: str) -> set[str]:
     return {opt for param in cli.params for opt in getattr(param, "opts", [])}
 
 
+def test_compose_file_matches_the_compose_schema() -> None:
+    checker = shutil.which("check-jsonschema")
+    assert checker, "check-jsonschema comes with the dev extra"
+
+    proc = subprocess.run(
+        [checker, "--builtin-schema", "vendor.compose-spec", str(DOCKER / "compose.yaml")],
+        capture_output=True,
+        text=True,
+    )
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_broker_config_is_meshfl_broker_config_output() -> None:
+    from typer.testing import CliRunner
+
+    generated = CliRunner().invoke(
+        app, ["broker", "config", "--host", "0.0.0.0", "--persistence-dir", "/mosquitto/data"]
+    )
+    assert generated.exit_code == 0, generated.output
+    header, note, body = (DOCKER / "mosquitto.conf").read_text().split("\n", 2)
+    assert header.startswith("# Generated: meshfl broker config") and note.startswith("# (tests")
+    assert body == generated.output
+
+
+def test_every_service_has_a_health_check_that_is_a_real_command() -> None:
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    health_options = _options("agent", "health")
+    coordinator = (DOCKER / "coordinator.Dockerfile").read_text()
+
+    for name, service in services.items():
+        if name == "coordinator":
+            assert "HEALTHCHECK" in coordinator and "/healthz" in coordinator
+            continue
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        if name.startswith("agent-"):
+            assert test[1:4] == ["meshfl", "agent", "health"]
+            flags = {arg for arg in test if arg.startswith("--")}
+            assert flags <= health_options, flags - health_options
+            # the health check looks where the agent writes, under the agent's name
+            command = service["command"]
+            for flag in ("--out", "--name"):
+                assert test[test.index(flag) + 1] == command[command.index(flag) + 1]
+        else:
+            assert test[1] == "mosquitto_sub"
+
+
 def test_compose_commands_are_real_cli_commands() -> None:
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]

@@ -90,6 +90,9 @@ def test_device_option_parsers_refuse_in_one_line(parse: Any, text: str, fragmen
         ({"quorum": 1.5}, "--quorum"),
         ({"uplink_budget_s": 0.0}, "--uplink-budget"),
         ({"min_battery_percent": 101.0}, "--min-battery"),
+        ({"hidden": (100_000, 100_000)}, "--hidden width 100000 is out of range"),
+        ({"hidden": (0,)}, "--hidden width 0"),
+        ({"hidden": (8,) * 65}, "at most 64"),
     ],
 )
 def test_validate_refuses_bad_options_in_one_line(overrides: dict[str, Any], fragment: str) -> None:
