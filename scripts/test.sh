@@ -3,11 +3,13 @@
 # ruff, mypy, import-linter, then the whole pytest suite (unit, mqtt, e2e).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ] \
+  || ! command -v mosquitto_sub >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq mosquitto) >/dev/null
+    (apt-get update -qq && apt-get install -y -qq mosquitto mosquitto-clients) >/dev/null
   else
-    echo "the tests need Mosquitto 2: sudo apt-get install mosquitto" >&2; exit 1
+    echo "the tests need Mosquitto 2 and its clients:" \
+      "sudo apt-get install mosquitto mosquitto-clients" >&2; exit 1
   fi
 fi
 python3 -m venv .venv

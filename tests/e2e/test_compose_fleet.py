@@ -73,6 +73,10 @@ def test_the_compose_fleet_runs_a_job(
 
     # broker: the generated configuration (docker/mosquitto.conf is its output)
     with MosquittoProcess(workdir=tmp_path / "broker") as broker:
+        check = services["broker"]["healthcheck"]["test"][1:]  # in the container: port 1883
+        assert check[0] == "mosquitto_sub", check
+        healthy = subprocess.run([*check, "-p", str(broker.port)], capture_output=True, timeout=10)
+        assert healthy.returncode == 0, healthy.stderr
         # the compose header's first step
         subprocess.run([*MESHFL, "data", "partition", "--out", str(data), "--devices", "3"],
                        check=True, capture_output=True)  # fmt: skip
