@@ -19,11 +19,12 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from meshfl.files import atomic_write
 
 __all__ = ["HealthWriter", "check_health", "health_path"]
 
@@ -91,12 +92,7 @@ class HealthWriter:
             "updated_at": time.time(),
         }
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".health.", suffix=".tmp")
-            with os.fdopen(fd, "w") as handle:
-                json.dump(record, handle)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, lambda handle: handle.write(json.dumps(record).encode()))
         except OSError as exc:
             log.warning("cannot write %s: %s", self.path, exc)
 

@@ -16,17 +16,16 @@ Every problem raises :class:`meshfl.errors.DataError` ``"<file>: <problem>; <fix
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import os
-import tempfile
 import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from meshfl.errors import DataError
+from meshfl.files import atomic_write
 
 __all__ = ["accuracy", "read_inputs", "write_predictions"]
 
@@ -177,26 +176,20 @@ def write_predictions(
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".npz"):
         raise _fail(path, f"unsupported output type {path.suffix!r}", "use .csv or .npz")
+
+    def write(handle: BinaryIO) -> None:
+        if suffix == ".csv":
+            handle.write(_csv_text(predictions, probabilities, labels).encode())
+        else:
+            arrays = {"predictions": predictions, "probabilities": probabilities}
+            if labels is not None:
+                arrays["labels"] = labels
+            np.savez(handle, **arrays)  # type: ignore[arg-type]
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        atomic_write(path, write)
     except OSError as error:
         raise _fail(
             path, f"cannot write here ({error.strerror})", "choose another --output"
         ) from error
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            if suffix == ".csv":
-                handle.write(_csv_text(predictions, probabilities, labels).encode())
-            else:
-                arrays = {"predictions": predictions, "probabilities": probabilities}
-                if labels is not None:
-                    arrays["labels"] = labels
-                np.savez(handle, **arrays)  # type: ignore[arg-type]
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     return None

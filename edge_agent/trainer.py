@@ -12,13 +12,10 @@ machine's, whatever the load.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -26,6 +23,7 @@ from torch import nn
 
 from meshfl.contract import ModelSpec
 from meshfl.errors import ConfigError, DataError
+from meshfl.files import atomic_write
 from models.arrays import load_arrays, spec_hash, to_arrays
 from models.data import check_model_fit
 from models.zoo import build_model
@@ -273,9 +271,9 @@ class Trainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         npz = path.with_suffix(".npz") if path.suffix != ".npz" else Path(f"{path}.npz")
         state = {k: v.detach().clone() for k, v in self._model.state_dict().items()}
-        _atomic_write(path, lambda handle: torch.save(state, handle))
+        atomic_write(path, lambda handle: torch.save(state, handle))
         arrays = self.params()
-        _atomic_write(npz, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+        atomic_write(npz, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
 
     def export_onnx(self, path: Path, x: np.ndarray | None = None) -> float | None:
         """Export the model to the ONNX file ``path``; return its parity on ``x``.
@@ -306,17 +304,3 @@ class Trainer:
         if x is None or len(x) == 0:
             return None
         return parity(self._model, Path(path), x)
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

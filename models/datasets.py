@@ -15,14 +15,13 @@ The partitioners live in :mod:`models.partition` (``dirichlet_partition`` and
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from meshfl.errors import ConfigError, DataError
+from meshfl.files import atomic_write
 from models.data import load_dataset_file
 from models.partition import _check_partition_args, dirichlet_partition, iid_partition
 
@@ -179,15 +178,7 @@ def split_dataset_file(
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)  # type: ignore[arg-type]
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary output files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
 
 
 def check_output_dir(out_dir: str | Path) -> None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 from torch import nn
 
 from meshfl.errors import ConfigError, DataError
+from meshfl.files import atomic_write
 
 __all__ = ["INPUT_NAME", "OPSET", "OUTPUT_NAME", "PARITY_TOLERANCE", "export_onnx", "parity"]
 
@@ -157,20 +156,7 @@ def export_onnx(
 
     """
     data = export_bytes(module, input_dim, exporter)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda handle: handle.write(data))
 
 
 def torch_logits(module: nn.Module, x: np.ndarray) -> np.ndarray:

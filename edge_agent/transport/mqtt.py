@@ -133,6 +133,7 @@ class MqttTransport(Transport):
         self._first_error: MeshflError | None = None
         self._subacks = threading.Condition()
         self._subacked: dict[int, str | None] = {}  # mid -> failure reason or None
+        self._initial_subscriptions: dict[int, str] = {}  # mid -> filter, sent on connect
 
     @property
     def _where(self) -> str:
@@ -172,6 +173,7 @@ class MqttTransport(Transport):
         client.on_subscribe = self._on_subscribe
         self._first_result.clear()
         self._first_error = None
+        self._initial_subscriptions = {}
         self._ever_connected = False
         self._closing = False
         try:
@@ -187,7 +189,13 @@ class MqttTransport(Transport):
             raise ConfigError(f"cannot connect to {self._where}: {exc}") from exc
         self._client = client
         client.loop_start()
+        started = time.monotonic()
         if self._first_result.wait(self.connect_timeout_s) and self._first_error is None:
+            try:
+                self._await_initial_subacks(self.connect_timeout_s - (time.monotonic() - started))
+            except TransportError:
+                self._shutdown(client)
+                raise
             return
         error = self._first_error or BrokerUnreachable(
             f"MQTT broker at {self._where} did not accept the connection within "
@@ -195,6 +203,28 @@ class MqttTransport(Transport):
         )
         self._shutdown(client)
         raise error
+
+    def _await_initial_subacks(self, timeout_s: float) -> None:
+        """Wait for the SUBACKs of the subscriptions made before :meth:`connect`.
+
+        So that, as after :meth:`subscribe`, a message published once ``connect`` returns
+        is delivered to us. A refusal (an ACL denial) raises TransportError; a broker that
+        does not answer in time is logged and the subscriptions stay pending.
+        """
+        pending = dict(self._initial_subscriptions)
+        with self._subacks:
+            self._subacks.wait_for(
+                lambda: all(mid in self._subacked for mid in pending), timeout=max(timeout_s, 0.1)
+            )
+            results = {mid: self._subacked.pop(mid) for mid in pending if mid in self._subacked}
+        refused = [f"{pending[mid]} ({why})" for mid, why in results.items() if why is not None]
+        if refused:
+            raise TransportError(
+                f"the broker at {self._where} refused the subscription to {', '.join(refused)};"
+                " check the broker's ACL for this client"
+            )
+        if len(results) < len(pending):
+            log.warning("the broker at %s has not acknowledged every subscription yet", self._where)
 
     def close(self) -> None:
         """Send DISCONNECT (no will) and stop the network thread; call :meth:`flush` first."""
@@ -323,7 +353,13 @@ class MqttTransport(Transport):
         )
         if not resumed or not self._ever_connected:
             for topic_filter, qos in list(self._subscriptions.items()):
-                client.subscribe(topic_filter, qos)
+                rc, mid = client.subscribe(topic_filter, qos)
+                if (
+                    not self._ever_connected
+                    and rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+                    and mid is not None
+                ):
+                    self._initial_subscriptions[mid] = topic_filter
         self._connected = True
         self._ever_connected = True
         self._first_result.set()
