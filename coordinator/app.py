@@ -19,12 +19,12 @@ from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from coordinator import migrate
+from coordinator import migrate, secagg
 from coordinator.artifacts import ArtifactStore
 from coordinator.control import Control, Publish
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.errors import Conflict, Forbidden, NotFound
-from coordinator.routers import artifacts, devices, health, jobs
+from coordinator.routers import artifacts, devices, health, jobs, privacy
 from coordinator.settings import CoordinatorSettings
 from meshfl import __version__
 from meshfl.contract import API_PREFIX
@@ -168,6 +168,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.signing_key = secagg.load_signing_key(app.state.sessionmaker, clock())
     app.state.clock = clock
     app.state.control = Control(fleet=settings.fleet, publish=publish)
     app.state.artifacts = ArtifactStore(settings.artifacts_path(), settings.max_model_bytes)
@@ -178,4 +179,5 @@ def create_app(
     app.include_router(devices.router, prefix=API_PREFIX)
     app.include_router(jobs.router, prefix=API_PREFIX)
     app.include_router(artifacts.router, prefix=API_PREFIX)
+    app.include_router(privacy.router, prefix=API_PREFIX)
     return app

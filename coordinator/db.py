@@ -30,12 +30,16 @@ from sqlalchemy.pool import StaticPool
 
 __all__ = [
     "Base",
+    "CoordinatorKey",
     "Device",
     "DeviceProfile",
     "Job",
     "JobDevice",
     "ModelArtifact",
+    "PrivacySpendRecord",
     "RoundMetric",
+    "SecAggBundle",
+    "SecAggDeclaration",
     "make_engine",
     "make_sessionmaker",
 ]
@@ -57,6 +61,8 @@ class Device(Base):
     profile: Mapped[dict[str, Any]] = mapped_column(JSON)
     enrolled_at: Mapped[float] = mapped_column(Double, index=True)
     last_seen: Mapped[float] = mapped_column(Double)
+    # Ed25519 identity public key, raw 32 bytes in base64 (None: enrolled without one).
+    identity_key: Mapped[str | None] = mapped_column(String(64))
 
 
 class DeviceProfile(Base):
@@ -145,6 +151,68 @@ class ModelArtifact(Base):
     created_at: Mapped[float] = mapped_column(Double)
     sources: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(String(1000))
+
+
+class SecAggBundle(Base):
+    """A device's :class:`~meshfl.contract.KeyBundle` for a secure job (verified on upload)."""
+
+    __tablename__ = "secagg_bundles"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    bundle: Mapped[dict[str, Any]] = mapped_column(JSON)
+    received_at: Mapped[float] = mapped_column(Double)
+
+
+class SecAggDeclaration(Base):
+    """The first declaration of an aggregator for a round, and the coordinator's signature.
+
+    ``body`` is the :class:`~meshfl.contract.Declaration` exactly as signed; ``signature``
+    is Ed25519 over its canonical JSON, base64.
+    """
+
+    __tablename__ = "secagg_declarations"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    aggregator: Mapped[str] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    signature: Mapped[str] = mapped_column(String(128))
+    declared_at: Mapped[float] = mapped_column(Double)
+
+
+class PrivacySpendRecord(Base):
+    """DP releases of one device in one round of a job, with the job's σ and δ.
+
+    The accountant (:mod:`coordinator.privacy`) composes ``releases`` Gaussian mechanisms
+    of noise multiplier ``noise_multiplier`` per row; one row per (job, device, round).
+    """
+
+    __tablename__ = "privacy_spend"
+    __table_args__ = (UniqueConstraint("job_id", "device_id", "round", name="uq_privacy_spend"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    releases: Mapped[int] = mapped_column(Integer)
+    noise_multiplier: Mapped[float] = mapped_column(Double)
+    delta: Mapped[float] = mapped_column(Double)
+    at: Mapped[float] = mapped_column(Double)
+
+
+class CoordinatorKey(Base):
+    """A key of the coordinator itself: ``"signing"`` is its Ed25519 declaration key.
+
+    ``private_key`` is the raw 32-byte private key in base64, created once and kept for
+    the life of the database (devices pin its public key from the directory).
+    """
+
+    __tablename__ = "coordinator_keys"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    private_key: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Double)
 
 
 def make_engine(url: str) -> Engine:

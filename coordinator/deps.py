@@ -13,6 +13,7 @@ import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -33,11 +34,13 @@ __all__ = [
     "OwnDeviceDep",
     "SessionDep",
     "SettingsDep",
+    "SigningKeyDep",
     "get_artifacts",
     "get_control",
     "get_now",
     "get_session",
     "get_settings",
+    "get_signing_key",
 ]
 
 _bearer = HTTPBearer(auto_error=False, description="admin token or device token")
@@ -73,7 +76,14 @@ def get_artifacts(request: Request) -> ArtifactStore:
     return artifacts
 
 
+def get_signing_key(request: Request) -> Ed25519PrivateKey:
+    """Return the coordinator's Ed25519 key that signs secure-aggregation declarations."""
+    key: Ed25519PrivateKey = request.app.state.signing_key
+    return key
+
+
 SettingsDep = Annotated[CoordinatorSettings, Depends(get_settings)]
+SigningKeyDep = Annotated[Ed25519PrivateKey, Depends(get_signing_key)]
 ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifacts)]
 ControlDep = Annotated[Control, Depends(get_control)]
 SessionDep = Annotated[Session, Depends(get_session)]

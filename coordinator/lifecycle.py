@@ -17,11 +17,13 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator import churn, planning, store
+from coordinator import budget, churn, planning, store
 from coordinator.control import Control
 from coordinator.db import Device, Job, JobDevice
 from coordinator.errors import Conflict
 from coordinator.settings import CoordinatorSettings
+from coordinator.validation import MAX_SECURE_KEYS
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import DeviceDone, JobSpec, TopologyEvent
 from meshfl.errors import ConfigError, TopologyError
 
@@ -56,11 +58,15 @@ def start_job(
     same names give the same graph whatever order the devices enrolled in. The graph, W,
     plans and version 1 are stored as :mod:`coordinator.planning` describes.
 
+    Privacy (issue 5): a secure-aggregation threshold larger than some device's degree
+    in the built graph, or a DP job whose releases would push a selected device past its
+    ``dp_epsilon_budget`` (:func:`coordinator.budget.check_start`), is refused.
+
     Raises
     ------
     Conflict
-        The job was already started, fewer eligible devices are live than it needs, or
-        the topology cannot be built for that many devices.
+        The job was already started, fewer eligible devices are live than it needs, the
+        topology cannot be built for that many devices, or a privacy check above fails.
 
     """
     if job.status != "created":
@@ -96,6 +102,20 @@ def start_job(
             f"cannot build topology {kind!r} for {len(chosen)} devices ({exc}); "
             "change spec.devices or spec.topology"
         ) from exc
+    options = PrivacyOptions.from_spec(spec)
+    degrees = {d.id: graph.degree(k) for k, d in enumerate(chosen)}
+    try:
+        options.check_degrees(degrees)
+        if options.secure and degrees:
+            keys = int(spec["rounds"]) * max(degrees.values())
+            if keys > MAX_SECURE_KEYS:
+                raise ConfigError(
+                    f"a key bundle would carry {keys} masking keys (rounds × degree), more"
+                    f" than {MAX_SECURE_KEYS}; use fewer rounds per job or a sparser topology"
+                )
+    except ConfigError as exc:
+        raise Conflict(f"job {job.id!r} cannot start: {exc}") from exc
+    budget.check_start(session, job, options, degrees)
     reason = f"started on {len(chosen)} devices" + "".join(
         f"; {device_id} sat out: {why}" for device_id, why in sit_out.items()
     )

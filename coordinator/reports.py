@@ -8,7 +8,7 @@ the devices' count sketches) comes from :func:`meshfl.aggregation.consensus_dist
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -184,9 +184,16 @@ def _job_device(
 
 
 def job_public(
-    job: Job, rows: Sequence[JobDevice], names: dict[str, str], metrics: Sequence[RoundMetric]
+    job: Job,
+    rows: Sequence[JobDevice],
+    names: dict[str, str],
+    metrics: Sequence[RoundMetric],
+    epsilon: Mapping[str, float | None] | None = None,
 ) -> JobPublic:
     """Show a job with each participant's progress; ``names`` maps device id to name.
+
+    ``epsilon`` maps device id to the ε this job spent on it (``None``: not a DP job),
+    shown as ``epsilon_spent``; omitted: the field is left out.
 
     ``missing_rounds`` of a device are the rounds ``1..R`` it took part in
     (``joined_round <= r < left_round``) but did not report, where R is the last round
@@ -211,6 +218,9 @@ def job_public(
         )
         for r in rows
     ]
+    if epsilon is not None:
+        for device in devices:
+            device["epsilon_spent"] = epsilon.get(device["device_id"])
     return JobPublic(
         job_id=job.id,
         status=cast(JobStatus, job.status),

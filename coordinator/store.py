@@ -55,11 +55,18 @@ def hash_token(token: str) -> str:
 
 
 def enrol_device(
-    session: Session, *, name: str, fleet: str, profile: CapabilityProfile, now: float
+    session: Session,
+    *,
+    name: str,
+    fleet: str,
+    profile: CapabilityProfile,
+    now: float,
+    identity_key: str | None = None,
 ) -> tuple[Device, str]:
     """Create a new device identity; returns it and its bearer token (shown once).
 
     Re-enrolling under an existing name creates another identity: names are labels.
+    ``identity_key`` is the device's Ed25519 public key (base64, checked by the caller).
     """
     token = secrets.token_urlsafe(32)
     device = Device(
@@ -70,6 +77,7 @@ def enrol_device(
         profile=dict(profile),
         enrolled_at=now,
         last_seen=now,
+        identity_key=identity_key,
     )
     session.add(device)
     if profile:  # measured at join: the first sample of its history

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 
 from coordinator.planning import custom_graph
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.codecs import parse_codec
 from meshfl.contract import (
     JOB_MODES,
@@ -22,6 +23,8 @@ from meshfl.topology import MIXING_RULES, build_graph
 
 __all__ = [
     "LOSSLESS_CODECS",
+    "MAX_SECURE_KEYS",
+    "MAX_SECURE_ROUNDS",
     "fill_model_hash",
     "validate_done",
     "validate_metrics",
@@ -36,6 +39,11 @@ LOSSLESS_CODECS = frozenset({"identity", "fp32"})
 #: Models the agents build: the zoo's, and ``custom`` (a factory; the spec carries its hash).
 KNOWN_MODELS = (*ZOO_MODELS, "custom")
 MAX_ROUNDS = 100_000
+MAX_SECURE_KEYS = 20_000
+"""Most masking keys in one key bundle (rounds × the device's degree, 32 bytes each): it
+must fit a request body (1 MiB). A secure job's rounds are capped by it at creation and
+rounds × degree at the start."""
+MAX_SECURE_ROUNDS = MAX_SECURE_KEYS
 
 # (field, predicate, what it must be); the first failing rule is reported.
 _RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
@@ -80,8 +88,9 @@ def validate_spec(spec: JobSpec) -> None:
         With a one-line message naming the field, its value and what it must be: a
         bound violated (``rounds >= 1``, ``0 < consensus_step <= 1``,
         ``max_payload_bytes >= 1024`` …), an algorithm other than ``choco``/``dpsgd``,
-        a codec spec that does not parse, an unknown topology, or ``dpsgd`` with a lossy
-        codec.
+        a codec spec that does not parse, an unknown topology, ``dpsgd`` with a lossy
+        codec, or privacy options that cannot work
+        (:meth:`meshfl.aggregation.privacy.PrivacyOptions.from_spec`'s reason).
 
     """
     if not spec["name"].strip():
@@ -123,6 +132,11 @@ def validate_spec(spec: JobSpec) -> None:
         raise ConfigError(
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
             f"{spec['codec']!r}; use codec 'identity' (or 'fp32'), or algorithm 'choco'"
+        )
+    if PrivacyOptions.from_spec(spec).secure and spec["rounds"] > MAX_SECURE_ROUNDS:
+        raise ConfigError(
+            f"spec.rounds = {spec['rounds']} is too many for secure aggregation (one masking"
+            f" key per round in each key bundle); use at most {MAX_SECURE_ROUNDS} per job"
         )
 
 

@@ -3,7 +3,9 @@
 ``meshfl agent run`` calls :func:`run_agent`. The lifecycle:
 
 1. load and check the local data file (a bad file fails here, before any network);
-2. enrol with the coordinator over REST (device id, device token, broker URL);
+2. load (or create, the first time) the device's Ed25519 identity key,
+   ``<out>/<name>.identity.key``, and enrol with the coordinator over REST, sending its
+   public key (device id, device token, broker URL come back);
 3. connect to the broker (MQTT 5 or 3.1.1), retained ``online`` status, Last Will
    ``offline``;
 4. poll for an assignment; for each job: build the model, measure and report the
@@ -18,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.engine import status_payload
 from edge_agent.health import HealthWriter
@@ -29,6 +31,9 @@ from meshfl.contract import Assignment, CapabilityProfile, ModelSpec
 from meshfl.errors import ConfigError
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
+
+if TYPE_CHECKING:
+    from edge_agent.secagg.crypto import IdentityKey
 
 __all__ = ["AgentConfig", "run_agent"]
 
@@ -85,8 +90,12 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
     client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)
     try:
         from edge_agent.probe import capability_profile
+        from edge_agent.secagg.crypto import IdentityKey, identity_key_path
 
-        enrolment = client.enrol(config.token, config.name, capability_profile(None))
+        identity = IdentityKey.load_or_create(identity_key_path(config.out, config.name))
+        enrolment = client.enrol(
+            config.token, config.name, capability_profile(None), identity.public_b64
+        )
         client.retry_s = config.run_retry_s  # once enrolled, ride out longer outages
         device_id, fleet = enrolment["device_id"], enrolment["fleet"]
         if transport is None:
@@ -107,7 +116,7 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
         health.start()
         try:
             link = _report_profile(config, client, transport, device_id, fleet, x, y)
-            _serve(config, client, transport, device_id, fleet, x, y, link, health)
+            _serve(config, client, transport, device_id, fleet, x, y, link, health, identity)
         finally:
             health.stop()
             transport.publish(status_topic(fleet, device_id), _status("offline"), retain=True)
@@ -159,6 +168,7 @@ def _serve(
     y: object,
     link: CapabilityProfile,
     health: HealthWriter,
+    identity: IdentityKey | None = None,
 ) -> None:
     finished: set[str] = set()
     while True:
@@ -169,7 +179,9 @@ def _serve(
         job_id = assignment["job_id"]
         finished.add(job_id)
         health.job_id = job_id
-        runner = JobRunner(config, client, transport, device_id, assignment, link)
+        runner = JobRunner(
+            config, client, transport, device_id, assignment, link, identity=identity
+        )
         try:
             runner.run(x, y)  # type: ignore[arg-type]
         except ConfigError as exc:  # this job does not fit this device: decline it

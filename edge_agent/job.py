@@ -13,16 +13,26 @@ import numpy as np
 from edge_agent.engine import GossipEngine
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
+from edge_agent.secure_engine import SecureEngine
+from edge_agent.secure_job import build_secure_engine
 from edge_agent.transport.base import Transport
 from edge_agent.versions import TopologyVersion
-from meshfl.aggregation import ChocoGossip, DPSGDGossip, GossipAlgorithm, consensus_sketch
+from meshfl.aggregation import (
+    ChocoGossip,
+    DPSGDGossip,
+    GaussianPrivatizer,
+    GossipAlgorithm,
+    consensus_sketch,
+)
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.codecs import CodecPolicy, parse_codec
 from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
-from meshfl.errors import ConfigError, DataError, MeshflError
+from meshfl.errors import ConfigError, CoordinatorError, DataError, MeshflError
 from meshfl.modelspec import check_hash
 
 if TYPE_CHECKING:
     from edge_agent.daemon import AgentConfig
+    from edge_agent.secagg.crypto import IdentityKey
     from edge_agent.trainer import Trainer
 
 __all__ = ["JobRunner"]
@@ -67,8 +77,10 @@ class JobRunner:
         device_id: str,
         assignment: Assignment,
         link: CapabilityProfile | None = None,
+        identity: IdentityKey | None = None,
     ) -> None:
         self.config = config
+        self.identity = identity  # the enrolled Ed25519 key (secure aggregation signs with it)
         self.link = link  # the latest link figures (with measured_at), if any
         self.client = client
         self.transport = transport
@@ -76,6 +88,7 @@ class JobRunner:
         self.assignment = assignment
         self.spec = assignment["spec"]
         self.job_id = assignment["job_id"]
+        self.privacy = PrivacyOptions()
 
     def run(self, x: np.ndarray, y: np.ndarray) -> None:
         """Run every round of the job on local data ``x`` (n, d) float32, ``y`` (n,) int64."""
@@ -84,6 +97,7 @@ class JobRunner:
         from models.data import check_model_fit
 
         spec = self.spec
+        self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
         check_model_fit(x, y, spec["model"])
         x_test, y_test = self._test_data()
         check_model_fit(x_test, y_test, spec["model"])
@@ -102,27 +116,19 @@ class JobRunner:
         profile = capability_profile(trainer, x, y)
         profile.update(self._fresh_link())
         self.client.put_profile(self.device_id, profile)
-        refresh_s = self.config.profile_refresh_s
-        measured = time.monotonic()
         topo = TopologyVersion.from_assignment(self.assignment)
         self.versions = {topo.version: topo}
         self._prepared = {topo.version}
-        engine = GossipEngine(
-            transport=self.transport,
-            fleet=self.assignment["fleet"],
-            job_id=self.job_id,
-            device_id=self.device_id,
-            neighbours=sorted(topo.peers()),
-            algorithm=self._algorithm(trainer.params(), topo),
-            deadline_s=spec["round_deadline_s"],
-            max_payload=spec["max_payload_bytes"],
-            mode=spec.get("mode", "sync"),
-            staleness=spec.get("staleness", 2),
-            quorum=spec.get("quorum", 1.0),
-        )
+        engine: GossipEngine | SecureEngine
+        if self.privacy.secure:
+            engine = self._secure_engine(trainer.params())
+        else:
+            engine = self._gossip_engine(trainer.params(), topo)
         engine.start()
         round_ = max(1, self.assignment["start_round"])
-        if round_ > 1:  # a joiner: start from its neighbours' models, at their round
+        if round_ > 1 and isinstance(
+            engine, GossipEngine
+        ):  # a joiner: start from its neighbours' models
             caught = engine.catch_up(max(60.0, spec["round_deadline_s"]))
             if caught is None:
                 log.warning("joined without a neighbour's keyframe: starting from x0")
@@ -136,6 +142,71 @@ class JobRunner:
             absent = engine.wait_ready(max(60.0, spec["round_deadline_s"]))
             if absent:
                 log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
+        self._rounds(engine, trainer, topo, round_, x, y, x_test, y_test, profile)
+
+    def _gossip_engine(self, params: dict[str, np.ndarray], topo: TopologyVersion) -> GossipEngine:
+        spec = self.spec
+        return GossipEngine(
+            transport=self.transport,
+            fleet=self.assignment["fleet"],
+            job_id=self.job_id,
+            device_id=self.device_id,
+            neighbours=sorted(topo.peers()),
+            algorithm=self._algorithm(params, topo),
+            deadline_s=spec["round_deadline_s"],
+            max_payload=spec["max_payload_bytes"],
+            mode=spec.get("mode", "sync"),
+            staleness=spec.get("staleness", 2),
+            quorum=spec.get("quorum", 1.0),
+        )
+
+    def _secure_engine(self, params: dict[str, np.ndarray]) -> SecureEngine:
+        if self.identity is None:
+            raise ConfigError(
+                "secure aggregation needs this device's identity key; enrol it again with"
+                " `meshfl agent run --token ...`"
+            )
+        return build_secure_engine(
+            client=self.client,
+            transport=self.transport,
+            identity=self.identity,
+            device_id=self.device_id,
+            assignment=self.assignment,
+            params=params,
+            options=self.privacy,
+            timeout_s=max(60.0, self.spec["round_deadline_s"]),
+        )
+
+    def _spend(self, round_: int, releases: int) -> bool:
+        """Record this round's DP releases at the coordinator first; False: budget reached."""
+        try:
+            status = self.client.spend(
+                self.job_id, self.device_id, {"round": round_, "releases": releases}
+            )
+        except CoordinatorError as exc:
+            if exc.status != 409:
+                raise
+            log.warning("round %d: stopping before the privacy budget is crossed: %s", round_, exc)
+            return False
+        log.debug("round %d: ε spent %.3f", round_, status["epsilon_spent"])
+        return True
+
+    def _rounds(
+        self,
+        engine: GossipEngine | SecureEngine,
+        trainer: Trainer,
+        topo: TopologyVersion,
+        round_: int,
+        x: np.ndarray,
+        y: np.ndarray,
+        x_test: np.ndarray,
+        y_test: np.ndarray,
+        profile: CapabilityProfile,
+    ) -> None:
+        spec = self.spec
+        refresh_s = self.config.profile_refresh_s
+        measured = time.monotonic()
+        releases = len(topo.peers()) if self.privacy.secure else 1
         sent0, received0 = self.transport.bytes_sent, self.transport.bytes_received
         sent, received = sent0, received0  # counters at the end of the previous round
         accuracy = 0.0
@@ -145,7 +216,10 @@ class JobRunner:
         reporter = Reporter(self.client, self.device_id, self.job_id, self.config.poll_s)
         try:
             while round_ <= spec["rounds"]:
-                topo = self._switch(engine, topo, round_)
+                if self.privacy.dp and not self._spend(round_, releases):
+                    break
+                if isinstance(engine, GossipEngine):
+                    topo = self._switch(engine, topo, round_)
                 if topo.removed:
                     log.info(
                         "removed from job %s at round %d (topology v%d)",
@@ -161,14 +235,17 @@ class JobRunner:
                         f"training diverged at round {round_} (loss {result.loss}); lower the"
                         " job's learning rate"
                     )
-                weights, self_weight = topo.row(round_)
-                params, missing = engine.exchange(
-                    round_,
-                    trainer.params(),
-                    weights,
-                    self_weight,
-                    no_wait=self.plan.get("no_wait", ()),
-                )
+                if isinstance(engine, SecureEngine):
+                    params, missing = engine.exchange(round_, trainer.params())
+                else:
+                    weights, self_weight = topo.row(round_)
+                    params, missing = engine.exchange(
+                        round_,
+                        trainer.params(),
+                        weights,
+                        self_weight,
+                        no_wait=self.plan.get("no_wait", ()),
+                    )
                 trainer.set_params(params)
                 accuracy, loss = trainer.evaluate(x_test, y_test)
                 now_sent, now_received = self.transport.bytes_sent, self.transport.bytes_received
@@ -200,7 +277,9 @@ class JobRunner:
                     log.info("job %s was stopped by the coordinator", self.job_id)
                     break
                 nxt = round_ + 1
-                if async_mode:  # Hop-style: a device that fell behind skips to stay within τ
+                if async_mode and isinstance(
+                    engine, GossipEngine
+                ):  # Hop-style: a device that fell behind skips to stay within τ
                     nxt = max(nxt, engine.frontier() - engine.staleness + 1)
                 round_ = nxt
         finally:
@@ -326,8 +405,9 @@ class JobRunner:
     def _algorithm(self, params: dict[str, np.ndarray], topo: TopologyVersion) -> GossipAlgorithm:
         weights, self_weight = topo.row(max(1, self.assignment["start_round"]))
         listen = topo.peers()
+        robust = self.privacy.robust
         if self.spec["algorithm"] == "dpsgd":
-            dpsgd = DPSGDGossip(params, weights, self_weight)
+            dpsgd = DPSGDGossip(params, weights, self_weight, robust=robust)
             dpsgd.set_neighbours(weights, self_weight, listen=listen)
             return dpsgd
         policy = self._policy(params)
@@ -347,9 +427,19 @@ class JobRunner:
             codec=policy,
             shared_start=True,
             keyframe_growth=self.spec.get("keyframe_growth", 0.0),
+            privatizer=self._privatizer(),
+            robust=robust,
         )
         choco.set_neighbours(weights, self_weight, listen=listen)
         return choco
+
+    def _privatizer(self) -> GaussianPrivatizer | None:
+        """Local DP (McMahan et al., ICLR 2018): clip each released difference, add noise."""
+        if not self.privacy.dp:
+            return None
+        # OS entropy: the noise must not be predictable from the job's public seed.
+        rng = np.random.default_rng()
+        return GaussianPrivatizer(self.privacy.clip, self.privacy.noise_multiplier, rng)
 
     def _policy(self, params: dict[str, np.ndarray]) -> CodecPolicy:
         """The job's codec policy, made sparser if the planner gave a tighter byte budget."""

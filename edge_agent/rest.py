@@ -22,12 +22,18 @@ from meshfl.contract import (
     API_PREFIX,
     Assignment,
     CapabilityProfile,
+    Declaration,
     DeviceDecline,
     DeviceDone,
     EnrolRequest,
     EnrolResponse,
+    KeyBundle,
     ModelArtifact,
+    PrivacySpend,
+    PrivacyStatus,
     RoundMetrics,
+    SecAggDirectory,
+    SignedDeclaration,
 )
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 
@@ -93,9 +99,21 @@ class CoordinatorClient:
 
     # -- requests ---------------------------------------------------------------------
 
-    def enrol(self, token: str, name: str, profile: CapabilityProfile) -> EnrolResponse:
-        """Enrol with the fleet's enrolment token; keeps the device token for later calls."""
+    def enrol(
+        self,
+        token: str,
+        name: str,
+        profile: CapabilityProfile,
+        identity_key: str | None = None,
+    ) -> EnrolResponse:
+        """Enrol with the fleet's enrolment token; keeps the device token for later calls.
+
+        ``identity_key`` is the device's Ed25519 public key (raw 32 bytes, base64) that
+        the coordinator checks its secure-aggregation key bundles against.
+        """
         body: EnrolRequest = {"token": token, "name": name, "profile": profile}
+        if identity_key is not None:
+            body["identity_key"] = identity_key
         reply = cast(EnrolResponse, self._request("POST", "/devices/enrol", json=body))
         self.device_token = reply["device_token"]
         return reply
@@ -157,11 +175,39 @@ class CoordinatorClient:
             data=response.content,
         )
 
+    # -- privacy (issue 5) ----------------------------------------------------------------
+
+    def put_key_bundle(self, job_id: str, device_id: str, bundle: KeyBundle) -> None:
+        """Publish this device's signed per-job public keys in the coordinator's directory."""
+        self._request("PUT", f"/jobs/{job_id}/secagg/keys/{device_id}", json=bundle)
+
+    def get_directory(self, job_id: str) -> SecAggDirectory:
+        """The job's key directory (``complete`` once every participant published)."""
+        return cast(SecAggDirectory, self._request("GET", f"/jobs/{job_id}/secagg/directory"))
+
+    def post_declaration(self, job_id: str, declaration: Declaration) -> SignedDeclaration:
+        """Have the coordinator sign this aggregator's survivor set of one round."""
+        return cast(
+            SignedDeclaration,
+            self._request("POST", f"/jobs/{job_id}/secagg/declarations", json=declaration),
+        )
+
+    def spend(self, job_id: str, device_id: str, spend: PrivacySpend) -> PrivacyStatus:
+        """Record a round's DP releases before they happen.
+
+        Raises :class:`~meshfl.errors.CoordinatorError` with status 409 when they would
+        push the device past its ε budget (nothing is recorded then).
+        """
+        return cast(
+            PrivacyStatus,
+            self._request("POST", f"/jobs/{job_id}/privacy/{device_id}/spend", json=spend),
+        )
+
     # -- plumbing ---------------------------------------------------------------------
 
     def _request(self, method: str, path: str, json: Any = None) -> Any:
         response = self._send(method, path, json=json)
-        return None if response.status_code == 204 else response.json()
+        return None if response.status_code == 204 or not response.content else response.json()
 
     def _send(
         self,

@@ -75,6 +75,7 @@ __all__ = [
     "Assignment",
     "CapabilityProfile",
     "CustomGraph",
+    "Declaration",
     "DeviceDecline",
     "DeviceDone",
     "DevicePlan",
@@ -87,12 +88,17 @@ __all__ = [
     "JobPublic",
     "JobSpec",
     "JobStatus",
+    "KeyBundle",
     "ModelArtifact",
     "ModelSpec",
     "Neighbour",
+    "PrivacySpend",
+    "PrivacyStatus",
     "ProfileSample",
     "RoundMetrics",
     "RoundSummary",
+    "SecAggDirectory",
+    "SignedDeclaration",
     "TopologyEvent",
     "TopologyEventKind",
     "TopologyPublic",
@@ -166,6 +172,9 @@ class EnrolRequest(TypedDict):
     token: str
     name: str
     profile: NotRequired[CapabilityProfile]
+    # Secure aggregation (issue 5): the device's Ed25519 identity public key, raw 32 bytes
+    # in standard base64; the coordinator checks per-job key bundles against it.
+    identity_key: NotRequired[str]
 
 
 class EnrolResponse(TypedDict):
@@ -262,6 +271,15 @@ class JobSpec(TypedDict):
     elastic: NotRequired[bool]  # admit idle devices that appear mid-job [False]
     # Model artifacts (issue 8).
     publish_model: NotRequired[bool]  # devices upload their final model.onnx at the end [False]
+    # Privacy and robustness (issue 5); see meshfl.aggregation.privacy and docs/privacy.md.
+    secure_aggregation: NotRequired[int]  # threshold t of per-neighbourhood SecAgg [0: off]
+    secure_range: NotRequired[float]  # fixed-point range ±R of a masked coordinate [1.0]
+    dp_noise_multiplier: NotRequired[float]  # σ; 0 or absent: no differential privacy
+    dp_clip: NotRequired[float]  # C, the L2 clipping norm of a released delta
+    dp_mode: NotRequired[Literal["local", "distributed"]]  # where the noise is added [local]
+    dp_delta: NotRequired[float]  # δ of the (ε, δ) guarantee [1e-5]
+    dp_epsilon_budget: NotRequired[float]  # ε_max per device, over all its jobs [0: none]
+    robust: NotRequired[str]  # "median", "trimmed:β", "clipped-gossip" [plain mixing]
 
 
 class CustomGraph(TypedDict):
@@ -405,6 +423,8 @@ class JobDevicePublic(TypedDict):
     plan: DevicePlan
     onnx_path: NotRequired[str | None]  # from its DeviceDone, when it reported one
     onnx_max_abs_diff: NotRequired[float | None]
+    # ε this job spent on the device at the job's δ (issue 5); None: not a DP job.
+    epsilon_spent: NotRequired[float | None]
 
 
 class TopologyPublic(TypedDict):
@@ -460,6 +480,93 @@ class JobArtifacts(TypedDict):
     status: JobStatus
     devices: list[ModelArtifact]
     consensus: ModelArtifact | None  # None: no device model uploaded yet
+
+
+class KeyBundle(TypedDict):
+    r"""A device's public keys for one secure-aggregation job (``PUT .../secagg/keys/{device}``).
+
+    ``c_pk`` is the X25519 public key that seals Shamir shares (raw 32 bytes, standard
+    base64); ``s_pks`` the per-round X25519 masking public keys of rounds ``1..rounds``,
+    concatenated raw 32-byte keys (``rounds × 32`` bytes, base64); ``signature`` the
+    device's Ed25519 identity signature over ``b"meshfl-keybundle-v1\0" + job + b"\0" +
+    device + b"\0" + c_pk raw + s_pks raw`` (base64). See ``docs/privacy.md``.
+    """
+
+    device: str
+    job: str
+    c_pk: str
+    s_pks: str
+    signature: str
+
+
+class SecAggDirectory(TypedDict):
+    """The job's authenticated public-key directory (``GET .../secagg/directory``).
+
+    ``coordinator_key`` is the coordinator's Ed25519 public key (raw 32 bytes, base64),
+    which signs declarations; ``identity_keys`` maps each current participant that has
+    one to its Ed25519 identity key; ``neighbourhoods`` maps each current participant to
+    its sorted neighbour ids N(i); ``complete``: every current participant uploaded its
+    bundle.
+    """
+
+    job_id: str
+    threshold: int
+    coordinator_key: str
+    identity_keys: dict[str, str]
+    bundles: dict[str, KeyBundle]
+    neighbourhoods: dict[str, list[str]]
+    complete: bool
+
+
+class Declaration(TypedDict):
+    """An aggregator's survivors and dropouts of one round (Bonawitz et al. 2017, round 3).
+
+    ``survivors`` ∪ ``dropped`` is the aggregator's neighbourhood N(i), disjoint, both
+    sorted; ``aborted`` is ``len(survivors) < threshold`` (nothing is reconstructed).
+    """
+
+    job: str
+    round: int
+    aggregator: str
+    survivors: list[str]
+    dropped: list[str]
+    aborted: bool
+
+
+class SignedDeclaration(TypedDict):
+    """A declaration signed by the coordinator (first write wins).
+
+    ``signature`` is Ed25519 (base64) over ``json.dumps(declaration, sort_keys=True,
+    separators=(",", ":")).encode()``, checked with ``SecAggDirectory.coordinator_key``.
+    """
+
+    declaration: Declaration
+    signature: str
+
+
+class PrivacySpend(TypedDict):
+    """Body of ``POST .../privacy/{device_id}/spend``: the DP releases of one round.
+
+    ``releases`` noised releases of sensitivity C in round ``round`` (1 with local DP;
+    under secure aggregation one per aggregator, i.e. the device's degree).
+    """
+
+    round: int
+    releases: int
+
+
+class PrivacyStatus(TypedDict):
+    """A device's privacy spend: ε over all its jobs' releases at ``delta`` (RDP accountant).
+
+    ``epsilon_budget``: the ε_max that applies (``None``: not capped); ``releases``: the
+    releases accounted so far, over all its jobs.
+    """
+
+    device_id: str
+    epsilon_spent: float
+    delta: float
+    epsilon_budget: float | None
+    releases: int
 
 
 def _strict_bodies() -> None:

@@ -17,6 +17,7 @@ translated into this tree at the one place that talks to the library::
     │   └── BrokerUnreachable  the broker did not answer at all
     ├── CoordinatorError       the coordinator refused a request or cannot be reached
     │   └── CoordinatorUnreachable
+    ├── SecurityError          a bad signature or key, or a tampered sealed message
     └── Interrupted            the user pressed Ctrl-C; cleanup is done (exit code 130)
 
 The CLI prints ``str(error)`` as one line and exits non-zero; it never shows a
@@ -36,6 +37,7 @@ __all__ = [
     "DataError",
     "Interrupted",
     "MeshflError",
+    "SecurityError",
     "TopologyError",
     "TransportError",
     "VersionError",
@@ -105,6 +107,10 @@ class CoordinatorError(MeshflError):
 
 class CoordinatorUnreachable(CoordinatorError):
     """The coordinator did not answer at the given URL."""
+
+
+class SecurityError(MeshflError):
+    """A signature, key or sealed message that does not verify (forged, tampered, wrong key)."""
 
 
 class Interrupted(MeshflError):

@@ -16,13 +16,16 @@ from typing import BinaryIO
 __all__ = ["atomic_write"]
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+def atomic_write(
+    path: str | Path, write: Callable[[BinaryIO], object], *, mode: int = 0o644
+) -> Path:
     """Write ``path`` through ``write(handle)`` into a temporary file, then rename it.
 
     The temporary file is in ``path``'s folder (created if missing), flushed and fsynced
-    before ``os.replace``, and made 0644 (``mkstemp`` makes 0600; these are ordinary
-    output files). On any exception it is removed and the exception re-raised; an
-    existing ``path`` is then left as it was.
+    before ``os.replace``, and made ``mode`` (default 0644: ``mkstemp`` makes 0600, and
+    these are ordinary output files; pass 0o600 for a secret such as a private key, which
+    is then never readable by others, not even briefly). On any exception it is removed
+    and the exception re-raised; an existing ``path`` is then left as it was.
 
     Returns
     -------
@@ -43,7 +46,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
-from coordinator import lifecycle, reports, store, validation
+from coordinator import lifecycle, reports, secagg, store, validation
 from coordinator.deps import AdminDep, ControlDep, NowDep, OwnDeviceDep, SessionDep, SettingsDep
 from meshfl.contract import (
     Assignment,
@@ -27,7 +27,11 @@ router = APIRouter(prefix="/devices", tags=["devices"])
 def enrol(
     body: EnrolRequest, session: SessionDep, settings: SettingsDep, now: NowDep
 ) -> EnrolResponse:
-    """Give a device presenting the fleet's enrolment token a new identity and token."""
+    """Give a device presenting the fleet's enrolment token a new identity and token.
+
+    ``identity_key`` (optional) is the device's Ed25519 public key, base64 of 32 raw
+    bytes (422 otherwise); secure-aggregation jobs need it to verify the device's keys.
+    """
     expected = settings.enrol_token or ""
     if not hmac.compare_digest(body["token"].encode(), expected.encode()):
         raise HTTPException(
@@ -37,12 +41,16 @@ def enrol(
         )
     validation.validate_name(body["name"])
     validation.validate_profile(body.get("profile", CapabilityProfile()))
+    identity_key = body.get("identity_key")
+    if identity_key is not None:
+        secagg.parse_identity_key(identity_key)
     device, token = store.enrol_device(
         session,
         name=body["name"],
         fleet=settings.fleet,
         profile=body.get("profile", CapabilityProfile()),
         now=now,
+        identity_key=identity_key,
     )
     return EnrolResponse(
         device_id=device.id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Response, status
 from sqlalchemy.orm import Session
 
-from coordinator import lifecycle, reports, store, validation
+from coordinator import budget, lifecycle, reports, store, validation
 from coordinator.control import Control
 from coordinator.db import Job
 from coordinator.deps import AdminDep, ControlDep, DeviceDep, NowDep, SessionDep, SettingsDep
@@ -28,8 +28,10 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 def _public(session: Session, job: Job) -> JobPublic:
     rows = store.participants(session, job)
-    names = store.device_names(session, [r.device_id for r in rows])
-    return reports.job_public(job, rows, names, store.round_metrics(session, job))
+    ids = [r.device_id for r in rows]
+    names = store.device_names(session, ids)
+    epsilon = budget.job_epsilons(session, job, ids)
+    return reports.job_public(job, rows, names, store.round_metrics(session, job), epsilon)
 
 
 def _read(

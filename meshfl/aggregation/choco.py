@@ -31,6 +31,9 @@ from meshfl.aggregation._model import (
     mean_of_states,
     tracked_peers,
 )
+from meshfl.aggregation.dp import Privatizer
+from meshfl.aggregation.privacy import RobustRule
+from meshfl.aggregation.robust import RobustMixer
 from meshfl.codecs import Codec, CodecPolicy, Identity
 from meshfl.errors import ConfigError, WireError
 from meshfl.wire import DType, TensorEntry
@@ -77,12 +80,22 @@ class ChocoGossip:
         rounds); keyframes bound it at the cost of one uncompressed message each time.
         Being relative to the codec's own level, the rule fits coarse and fine codecs
         alike. See ``docs/algorithms.md``.
+    privatizer : Privatizer, optional
+        Applied to the difference x − x̂_i *before* compression in :meth:`outgoing`
+        (e.g. :class:`~meshfl.aggregation.dp.GaussianPrivatizer`: clip to C, add
+        N(0, σ²C²)). x̂_i and every receiver's replica advance by the decoded privatized
+        message, so they stay bit-identical. Keyframes are unmasked models, so they are
+        refused: ``keyframe_growth`` must be 0 and :meth:`keyframe` raises. None: off.
+    robust : RobustRule or RobustMixer, optional
+        Mix with a robust rule (:class:`~meshfl.aggregation.robust.RobustMixer`; pass a
+        mixer to set ClippedGossip's τ or δ) over the neighbours' replicas x̂_j instead
+        of the weighted average; ``None``: plain CHOCO mixing.
 
     Raises
     ------
     ConfigError
         If a weight is negative or non-finite, the weights do not sum to 1, γ is outside
-        (0, 1], or a tensor is not floating.
+        (0, 1], a tensor is not floating, or a privatizer comes with keyframes.
 
     """
 
@@ -93,7 +106,9 @@ class ChocoGossip:
         "_gamma",
         "_keyframe_growth",
         "_layout",
+        "_mixer",
         "_own",
+        "_privatizer",
         "_replicas",
         "_tracked",
         "_weights",
@@ -109,9 +124,22 @@ class ChocoGossip:
         codec: Codec | CodecPolicy,
         shared_start: bool = False,
         keyframe_growth: float = 0.0,
+        privatizer: Privatizer | None = None,
+        robust: RobustRule | RobustMixer | None = None,
     ) -> None:
         if not (math.isfinite(keyframe_growth) and (keyframe_growth == 0 or keyframe_growth > 1)):
             raise ConfigError(f"keyframe growth must be 0 (off) or > 1, got {keyframe_growth!r}")
+        if privatizer is not None and not callable(getattr(privatizer, "privatize", None)):
+            raise ConfigError(f"privatizer must have privatize(dict) -> dict, got {privatizer!r}")
+        if privatizer is not None and keyframe_growth > 0:
+            raise ConfigError(
+                "keyframes are unmasked models and cannot be privatized: set keyframe_growth"
+                " to 0 when a privatizer (differential privacy) is on"
+            )
+        self._privatizer = privatizer
+        self._mixer = (
+            robust if isinstance(robust, RobustMixer) or robust is None else RobustMixer(robust)
+        )
         self._keyframe_growth = float(keyframe_growth)
         self._baseline: list[float] = []
         self.keyframes_sent = 0
@@ -180,7 +208,14 @@ class ChocoGossip:
         Receivers set their replica of this device to the keyframe
         (:meth:`incoming_keyframe`): it (re)starts a replica that a new neighbour never
         had, or one that lost a message. Raises ConfigError if ``x`` mismatches the layout.
+
+        With a privatizer (differential privacy) the keyframe is the public replica x̂_i
+        itself, not x: it is the sum of messages already released, so sending it again is
+        post-processing and costs no privacy, and x̂_i stays as it is.
         """
+        if self._privatizer is not None:
+            self.keyframes_sent += 1
+            return identity_entries(self._own, self._layout)
         tensors = check_model(x, self._layout)
         self._own = [t.copy() for t in tensors]
         self.keyframes_sent += 1
@@ -237,7 +272,10 @@ class ChocoGossip:
         if codec is None and self._keyframe_growth > 0.0 and self._needs_keyframe(tensors):
             codecs = [Identity()] * len(tensors)
             self.keyframes_sent += 1
-        payloads = [c.encode(t - r) for c, t, r in zip(codecs, tensors, self._own, strict=True)]
+        diffs = [t - r for t, r in zip(tensors, self._own, strict=True)]
+        if self._privatizer is not None:
+            diffs = self._privatize(self._privatizer, diffs)
+        payloads = [c.encode(d) for c, d in zip(codecs, diffs, strict=True)]
         decoded = [
             c.decode(p, shape)
             for c, p, (_, shape) in zip(codecs, payloads, self._layout, strict=True)
@@ -248,6 +286,19 @@ class ChocoGossip:
             TensorEntry(name, shape, DType.FLOAT32, c.tag, payload)
             for c, (name, shape), payload in zip(codecs, self._layout, payloads, strict=True)
         )
+
+    def _privatize(self, privatizer: Privatizer, diffs: list[np.ndarray]) -> list[np.ndarray]:
+        names = [name for name, _ in self._layout]
+        released = privatizer.privatize(dict(zip(names, diffs, strict=True)))
+        if list(released) != names:
+            raise ConfigError(f"privatizer returned tensors {list(released)}, expected {names}")
+        out = []
+        for name, shape in self._layout:
+            arr = np.asarray(released[name], dtype=np.float32)
+            if arr.shape != shape:
+                raise ConfigError(f"privatizer changed the shape of {name!r} to {arr.shape}")
+            out.append(arr)
+        return out
 
     def _needs_keyframe(self, tensors: Sequence[np.ndarray]) -> bool:
         pairs = zip(tensors, self._own, strict=True)
@@ -284,6 +335,10 @@ class ChocoGossip:
     def mix(self, x: Mapping[str, np.ndarray], answered: Collection[str]) -> dict[str, np.ndarray]:
         """Consensus step x_i + γ Σ_{j ∈ answered} w_ij (x̂_j − x̂_i).
 
+        With a ``robust`` rule the step is the rule's instead (see
+        :class:`~meshfl.aggregation.robust.RobustMixer`), over x_i and the answered
+        neighbours' replicas x̂_j.
+
         A neighbour not in ``answered`` gets w_ij = 0 this round (its weight stays on
         the self weight), so the step stays a convex combination. Accumulates in float64.
 
@@ -304,6 +359,12 @@ class ChocoGossip:
         if unknown:
             raise WireError(f"answered neighbours {unknown!r} have no replica yet")
         ordered = [peer for peer in self._weights if peer in peers]  # deterministic sum order
+        if self._mixer is not None:
+            names = [name for name, _ in self._layout]
+            states = {p: dict(zip(names, self._replicas[p], strict=True)) for p in ordered}
+            x_in = dict(zip(names, tensors, strict=True))
+            self_weight = 1.0 - math.fsum(self._weights.values())
+            return self._mixer.mix(x_in, states, self._weights, self_weight, self._gamma)
         out: dict[str, np.ndarray] = {}
         for t, ((name, _), own) in enumerate(zip(self._layout, self._own, strict=True)):
             acc = np.zeros(own.shape, dtype=np.float64)

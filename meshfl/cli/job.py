@@ -8,6 +8,7 @@ from typing import Annotated, cast
 
 import typer
 
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.cli.model import (
     HiddenOption,
     ImageShapeOption,
@@ -26,6 +27,11 @@ from meshfl.cli.options import (
     ConsensusStep,
     Deadline,
     DenseBelow,
+    DpClip,
+    DpDelta,
+    DpEpsilonBudget,
+    DpMode,
+    DpNoiseMultiplier,
     Elastic,
     KeyframeGrowth,
     LearningRate,
@@ -35,13 +41,18 @@ from meshfl.cli.options import (
     Mode,
     Plan,
     Quorum,
+    Robust,
     Rounds,
+    SecureAggregation,
+    SecureRange,
     Staleness,
     Topology,
     TopologyDegree,
     TopologyProbability,
     TopologySeed,
     UplinkBudget,
+    privacy_defaults,
+    privacy_fields,
 )
 from meshfl.contract import (
     JobDevicePublic,
@@ -142,6 +153,14 @@ def start(
             help="Devices upload their final model.onnx; the coordinator builds the consensus."
         ),
     ] = False,
+    secure_aggregation: SecureAggregation = 0,
+    secure_range: SecureRange = 1.0,
+    dp_noise_multiplier: DpNoiseMultiplier = 0.0,
+    dp_clip: DpClip = 0.0,
+    dp_mode: DpMode = "local",
+    dp_delta: DpDelta = 1e-5,
+    dp_epsilon_budget: DpEpsilonBudget = 0.0,
+    robust: Robust = None,
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
     """Create a job and start it on the enrolled devices.
@@ -152,6 +171,11 @@ def start(
     from meshfl.codecs import parse_codec
 
     client = AdminClient(coordinator, admin_token)
+    codec, keyframe_growth, note = privacy_defaults(
+        secure_aggregation > 0, dp_noise_multiplier > 0, codec, keyframe_growth
+    )
+    if note:
+        typer.echo(note)
     codec = parse_codec(codec).spec
     topology_fields = local_topology_fields(topology)
     label = Path(topology).stem if "custom_graph" in topology_fields else topology
@@ -190,6 +214,13 @@ def start(
     }
     if publish_model:
         spec["publish_model"] = True
+    spec.update(
+        privacy_fields(
+            secure_aggregation, secure_range, dp_noise_multiplier, dp_clip, dp_mode, dp_delta,
+            dp_epsilon_budget, robust,
+        )
+    )  # fmt: skip
+    PrivacyOptions.from_spec(spec)  # refuse a combination that cannot work before any call
     if topology_seed is not None:
         spec["topology_seed"] = topology_seed
     job = client.create_job(spec)  # type: ignore[arg-type]

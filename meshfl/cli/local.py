@@ -26,6 +26,11 @@ from meshfl.cli.options import (
     ConsensusStep,
     Deadline,
     DenseBelow,
+    DpClip,
+    DpDelta,
+    DpEpsilonBudget,
+    DpMode,
+    DpNoiseMultiplier,
     Elastic,
     KeyframeGrowth,
     LearningRate,
@@ -35,13 +40,17 @@ from meshfl.cli.options import (
     Mode,
     Plan,
     Quorum,
+    Robust,
     Rounds,
+    SecureAggregation,
+    SecureRange,
     Staleness,
     Topology,
     TopologyDegree,
     TopologyProbability,
     TopologySeed,
     UplinkBudget,
+    privacy_defaults,
 )
 from meshfl.contract import RoundSummary
 from meshfl.local.run import DEFAULTS
@@ -114,6 +123,14 @@ def local(
     model_kwargs: ModelKwargsOption = None,
     hidden: HiddenOption = None,
     image_shape: ImageShapeOption = None,
+    secure_aggregation: SecureAggregation = DEFAULTS.secure_aggregation,
+    secure_range: SecureRange = DEFAULTS.secure_range,
+    dp_noise_multiplier: DpNoiseMultiplier = DEFAULTS.dp_noise_multiplier,
+    dp_clip: DpClip = DEFAULTS.dp_clip,
+    dp_mode: DpMode = DEFAULTS.dp_mode,
+    dp_delta: DpDelta = DEFAULTS.dp_delta,
+    dp_epsilon_budget: DpEpsilonBudget = DEFAULTS.dp_epsilon_budget,
+    robust: Robust = DEFAULTS.robust,
 ) -> None:
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
@@ -123,6 +140,9 @@ def local(
     from meshfl.local.fleet import parse_kill, parse_link_option, parse_slow
     from meshfl.local.run import LocalConfig, run_local, validate
 
+    codec, keyframe_growth, secure_note = privacy_defaults(
+        secure_aggregation > 0, dp_noise_multiplier > 0, codec, keyframe_growth
+    )
     codec = parse_codec(codec).spec  # canonical form in the banner and the report
     config = LocalConfig(
         agents=agents,
@@ -163,6 +183,14 @@ def local(
         hidden=_tuple(parse_hidden(hidden)),
         image_shape=_tuple(parse_image_shape(image_shape)),
         model_kwargs=parse_kwargs(model_kwargs),
+        secure_aggregation=secure_aggregation,
+        secure_range=secure_range,
+        dp_noise_multiplier=dp_noise_multiplier,
+        dp_clip=dp_clip,
+        dp_mode=dp_mode,
+        dp_delta=dp_delta,
+        dp_epsilon_budget=dp_epsilon_budget,
+        robust=robust,
     )
     validate(config)
     # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
@@ -173,6 +201,8 @@ def local(
         f" {rounds} rounds on {dataset} → {out}/",
         soft_wrap=True,
     )
+    if secure_note:
+        console.print(secure_note, highlight=False)
     view = _RoundView(console)
     began = time.monotonic()
     try:
@@ -209,6 +239,12 @@ def local(
     ]
     for d in missing:
         console.print(f"[yellow]{d['name']} missed rounds {_ranges(d['missing_rounds'])}[/]")
+    spent = [d["epsilon_spent"] for d in result.report["devices"] if d.get("epsilon_spent")]
+    if spent:
+        console.print(
+            f"differential privacy: ε spent per device {min(spent):.3g}–{max(spent):.3g}"
+            f" at δ = {dp_delta:g} (RDP accountant; docs/privacy.md)"
+        )
     console.print(
         f"report: {result.report_path}"
         + (f", plot: {result.plot_path}" if result.plot_path else "")

@@ -78,3 +78,102 @@ MinBattery = Annotated[
 Elastic = Annotated[
     bool, typer.Option("--elastic/--no-elastic", help="Admit idle devices that appear mid-job.")
 ]
+
+# Privacy and robustness (issue 5; docs/privacy.md).
+SecureAggregation = Annotated[
+    int,
+    typer.Option(
+        "--secure-aggregation",
+        metavar="T",
+        help="Secure aggregation in every neighbourhood with threshold T (0: off).",
+    ),
+]
+SecureRange = Annotated[
+    float,
+    typer.Option("--secure-range", help="Fixed-point range ±R of a masked coordinate."),
+]
+DpNoiseMultiplier = Annotated[
+    float, typer.Option("--dp-noise-multiplier", help="DP noise multiplier σ (0: no DP).")
+]
+DpClip = Annotated[float, typer.Option("--dp-clip", help="DP clipping norm C of each delta.")]
+DpEpsilonBudget = Annotated[
+    float,
+    typer.Option("--dp-epsilon-budget", help="ε budget per device over all its jobs (0: none)."),
+]
+DpDelta = Annotated[float, typer.Option("--dp-delta", help="δ of the (ε, δ) guarantee.")]
+DpMode = Annotated[
+    str,
+    typer.Option(
+        "--dp-mode", help="local (each device adds all its noise) or distributed (needs SecAgg)."
+    ),
+]
+Robust = Annotated[
+    str | None,
+    typer.Option(
+        "--robust", help="Robust mixing: median, trimmed:0.1 or clipped-gossip (default: off)."
+    ),
+]
+
+
+def privacy_fields(
+    secure_aggregation: int,
+    secure_range: float,
+    dp_noise_multiplier: float,
+    dp_clip: float,
+    dp_mode: str,
+    dp_delta: float,
+    dp_epsilon_budget: float,
+    robust: str | None,
+) -> dict[str, object]:
+    """The job-spec fields of the privacy options that are not at their defaults."""
+    from meshfl.aggregation.privacy import DEFAULT_DP_DELTA, DEFAULT_SECURE_RANGE
+
+    fields: dict[str, object] = {}
+    if secure_aggregation:
+        fields["secure_aggregation"] = secure_aggregation
+    if secure_range != DEFAULT_SECURE_RANGE:
+        fields["secure_range"] = secure_range
+    if dp_noise_multiplier:
+        fields["dp_noise_multiplier"] = dp_noise_multiplier
+    if dp_clip:
+        fields["dp_clip"] = dp_clip
+    if dp_mode != "local":
+        fields["dp_mode"] = dp_mode
+    if dp_delta != DEFAULT_DP_DELTA:
+        fields["dp_delta"] = dp_delta
+    if dp_epsilon_budget:
+        fields["dp_epsilon_budget"] = dp_epsilon_budget
+    if robust:
+        fields["robust"] = robust
+    return fields
+
+
+SECURE_DEFAULT_CODEC = "int8"
+"""The codec a secure job uses when the codec option was left at its default (top-k,
+which cannot be masked)."""
+
+
+def privacy_defaults(
+    secure: bool, dp: bool, codec: str, keyframe_growth: float
+) -> tuple[str, float, str]:
+    """Swap the defaults that cannot work with secure aggregation or DP; say what changed.
+
+    With ``--secure-aggregation``, a codec left at the default (top-k) becomes int8; with
+    it or with DP, keyframes left at the default turn off (a keyframe is an unmasked
+    model). Options the user gave explicitly are kept (and refused with the reason if they
+    cannot work). Returns ``(codec, keyframe_growth, note)``; the note is ``""`` when
+    nothing changed.
+    """
+    from meshfl.codecs import parse_codec
+    from meshfl.local.run import DEFAULTS
+
+    changed = []
+    if secure and parse_codec(codec).spec == parse_codec(DEFAULTS.codec).spec:
+        codec = SECURE_DEFAULT_CODEC
+        changed.append(f"codec {codec} (top-k cannot be masked)")
+    if (secure or dp) and keyframe_growth == DEFAULTS.keyframe_growth:
+        keyframe_growth = 0.0
+        changed.append("error-triggered keyframes off")
+    what = "secure aggregation" if secure else "differential privacy"
+    note = f"{what}: {', '.join(changed)}" if changed else ""
+    return codec, keyframe_growth, note

@@ -76,6 +76,7 @@ def build_report(
             "joined_round": d.get("joined_round", 1),
             "left_round": d.get("left_round"),
             "failed": failed.get(d["name"]) or d["error"],
+            "epsilon_spent": d.get("epsilon_spent"),  # this job's ε (None: no DP)
             "profile": {k: (profiles or {}).get(d["device_id"], {}).get(k) for k in _MEASURED},
         }
         for d in job["devices"]

@@ -87,6 +87,15 @@ class LocalConfig:
     hidden: tuple[int, ...] | None = None
     image_shape: tuple[int, ...] | None = None
     model_kwargs: dict[str, Any] | None = None
+    # Privacy and robustness (issue 5): the JobSpec fields of the same names.
+    secure_aggregation: int = 0
+    secure_range: float = 1.0
+    dp_noise_multiplier: float = 0.0
+    dp_clip: float = 0.0
+    dp_mode: str = "local"
+    dp_delta: float = 1e-5
+    dp_epsilon_budget: float = 0.0
+    robust: str | None = None
 
 
 DEFAULTS = LocalConfig()
@@ -443,6 +452,14 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "uplink_budget_s": config.uplink_budget_s,
         "min_battery_percent": config.min_battery_percent,
         "elastic": config.elastic or bool(config.join_at),
+        "secure_aggregation": config.secure_aggregation,
+        "secure_range": config.secure_range,
+        "dp_noise_multiplier": config.dp_noise_multiplier,
+        "dp_clip": config.dp_clip,
+        "dp_mode": config.dp_mode,
+        "dp_delta": config.dp_delta,
+        "dp_epsilon_budget": config.dp_epsilon_budget,
+        "robust": config.robust,
     }
     for key, value in optional.items():
         if value != getattr(DEFAULTS, key) and value is not None:

@@ -48,6 +48,7 @@ def validate(config: LocalConfig) -> None:
     from meshfl.codecs import parse_codec
 
     parse_codec(config.codec)
+    _validate_privacy(config)
     _validate_hidden(config.hidden)
     _validate_topology(config)
     _validate_rounds(config)
@@ -159,3 +160,34 @@ def _validate_rounds(config: LocalConfig) -> None:
         raise ConfigError(f"--uplink-budget must be > 0 seconds (got {config.uplink_budget_s})")
     if not (math.isfinite(config.min_battery_percent) and 0 <= config.min_battery_percent <= 100):
         raise ConfigError(f"--min-battery must be in [0, 100] (got {config.min_battery_percent})")
+
+
+def _validate_privacy(config: LocalConfig) -> None:
+    """Refuse privacy options that cannot work, with the same reasons as the REST API."""
+    from meshfl.aggregation.privacy import PrivacyOptions
+
+    fields = {
+        "algorithm": config.algorithm,
+        "codec": config.codec,
+        "mode": config.mode,
+        "elastic": config.elastic or bool(config.join_at),
+        "topology": config.topology,
+        "keyframe_growth": config.keyframe_growth,
+        "secure_aggregation": config.secure_aggregation,
+        "secure_range": config.secure_range,
+        "dp_noise_multiplier": config.dp_noise_multiplier,
+        "dp_clip": config.dp_clip,
+        "dp_mode": config.dp_mode,
+        "dp_delta": config.dp_delta,
+        "dp_epsilon_budget": config.dp_epsilon_budget,
+    }
+    if config.robust:
+        fields["robust"] = config.robust
+    try:
+        PrivacyOptions.from_spec(fields)
+    except ConfigError as exc:  # name the options, not the spec fields
+        message = str(exc)
+        for key in ("secure_aggregation", "secure_range", "dp_noise_multiplier", "dp_clip",
+                    "dp_mode", "dp_delta", "dp_epsilon_budget", "keyframe_growth"):  # fmt: skip
+            message = message.replace(key, "--" + key.replace("_", "-"))
+        raise ConfigError(message) from None

@@ -130,6 +130,11 @@ class MessageKind(IntEnum):
     """A full model, for D-PSGD gossip averaging (Lian et al., NeurIPS 2017)."""
     KEYFRAME = 3
     """The full replica state x̂, losslessly packed, sent on join, gap or every K rounds."""
+    SECURE_INPUT = 4
+    """A masked fixed-point contribution on one edge (secure aggregation, per-edge inbox)."""
+    SECAGG = 5
+    """A secure-aggregation protocol message (shares, unmask request, reveal): one UINT8
+    tensor ``body`` holding a JSON object; see ``docs/privacy.md``."""
 
 
 def new_message_id() -> bytes:

@@ -43,6 +43,10 @@ def test_migrated_sqlite_schema_matches_the_orm(tmp_path: Path) -> None:
         "job_devices",
         "round_metrics",
         "model_artifacts",
+        "secagg_bundles",
+        "secagg_declarations",
+        "privacy_spend",
+        "coordinator_keys",
         "alembic_version",
     } == tables
 

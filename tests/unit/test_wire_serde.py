@@ -365,7 +365,9 @@ def test_dtype_values_are_frozen() -> None:
         ("FLOAT32", 1), ("FLOAT16", 2), ("BFLOAT16", 3), ("INT8", 4),
         ("UINT8", 5), ("INT32", 6), ("INT64", 7), ("FLOAT64", 8),
     ]  # fmt: skip
-    assert [(k.name, k.value) for k in MessageKind] == [("DELTA", 1), ("MODEL", 2), ("KEYFRAME", 3)]
+    assert [(k.name, k.value) for k in MessageKind] == [
+        ("DELTA", 1), ("MODEL", 2), ("KEYFRAME", 3), ("SECURE_INPUT", 4), ("SECAGG", 5),
+    ]  # fmt: skip
 
 
 def test_bfloat16_and_unsupported_dtypes_raise_codec_error() -> None:

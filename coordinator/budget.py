@@ -1,0 +1,202 @@
+"""Per-device privacy budgets: recorded DP releases, ε spent, and the refusals.
+
+Every DP release a device makes is recorded before it happens (``POST
+.../privacy/{device_id}/spend``, one row per job, device and round, with the job's σ and
+δ), so a restart of the coordinator keeps every spent ε. ε is always computed from the
+rows by :func:`coordinator.privacy.epsilon` — the device's releases over *all* its jobs,
+at the δ of the job asking — and compared with that job's ``dp_epsilon_budget`` ε_max:
+
+- at the start, a DP job with a budget is refused (409) when the releases it would make
+  (``rounds × releases per round``: the device's degree under secure aggregation, one
+  aggregate per neighbour; else 1) would push any selected device past ε_max;
+- while it runs, a release that would cross ε_max is refused (409) and not recorded: the
+  device must not send it, and stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from coordinator import privacy, store
+from coordinator.db import Device, Job, JobDevice, PrivacySpendRecord
+from coordinator.errors import Conflict
+from meshfl.aggregation.privacy import DEFAULT_DP_DELTA, PrivacyOptions
+from meshfl.contract import PrivacySpend, PrivacyStatus
+from meshfl.errors import ConfigError
+
+__all__ = ["check_start", "device_status", "job_epsilons", "record_spend", "releases_per_round"]
+
+
+def releases_per_round(options: PrivacyOptions, degree: int) -> int:
+    """Releases a device of ``degree`` neighbours makes per round (secure: d, else 1)."""
+    return max(1, degree) if options.secure else 1
+
+
+def _spends(
+    session: Session, device_id: str, *, job_id: str | None = None
+) -> list[tuple[float, int]]:
+    """``(σ, releases)`` of the device's recorded rows (one job's, or all), grouped by σ."""
+    query = (
+        select(PrivacySpendRecord.noise_multiplier, func.sum(PrivacySpendRecord.releases))
+        .where(PrivacySpendRecord.device_id == device_id)
+        .group_by(PrivacySpendRecord.noise_multiplier)
+    )
+    if job_id is not None:
+        query = query.where(PrivacySpendRecord.job_id == job_id)
+    return [(float(sigma), int(count)) for sigma, count in session.execute(query)]
+
+
+def _budget(options: PrivacyOptions) -> float | None:
+    return options.epsilon_budget if options.epsilon_budget > 0 else None
+
+
+def check_start(
+    session: Session, job: Job, options: PrivacyOptions, degrees: Mapping[str, int]
+) -> None:
+    """Refuse to start ``job`` when it could push a selected device past its ε_max.
+
+    ``degrees`` maps each selected device id to its degree in the built graph.
+
+    Raises
+    ------
+    Conflict
+        The projected ε of some device (its releases so far over all jobs, plus
+        ``rounds × releases_per_round`` at this job's σ) exceeds ``dp_epsilon_budget``.
+
+    """
+    budget = _budget(options)
+    if not options.dp or budget is None:
+        return
+    rounds = int(job.spec["rounds"])
+    for device_id in sorted(degrees):
+        spent = _spends(session, device_id)
+        planned = rounds * releases_per_round(options, degrees[device_id])
+        projected = privacy.epsilon([*spent, (options.noise_multiplier, planned)], options.delta)
+        if projected > budget:
+            so_far = privacy.epsilon(spent, options.delta)
+            raise Conflict(
+                f"job {job.id!r} would spend device {device_id!r} to ε = {projected:.3g} at"
+                f" δ = {options.delta:g} (ε = {so_far:.3g} spent so far, {planned} new"
+                f" releases) past dp_epsilon_budget {budget:g}; use fewer rounds, a larger"
+                " dp_noise_multiplier or other devices"
+            )
+
+
+def record_spend(
+    session: Session, job: Job, device: Device, body: PrivacySpend, now: float
+) -> PrivacyStatus:
+    """Record the releases of one round before the device makes them; return its status.
+
+    Idempotent per (job, device, round): the same count again changes nothing.
+
+    Raises
+    ------
+    Conflict
+        The job adds no DP noise, the round was recorded with another count, or the
+        releases would push the device past the job's budget ("privacy budget
+        exhausted": nothing is recorded).
+    Forbidden
+        The device does not take part in the job.
+    meshfl.errors.ConfigError
+        A round outside ``1..rounds`` or a count outside ``1..participants − 1``.
+
+    """
+    options = PrivacyOptions.from_spec(job.spec)
+    if not options.dp:
+        raise Conflict(f"job {job.id!r} adds no DP noise (dp_noise_multiplier 0); nothing to spend")
+    store.participation(session, job, device)
+    rounds = int(job.spec["rounds"])
+    if not 1 <= body["round"] <= rounds:
+        raise ConfigError(f"round {body['round']} is out of range; job {job.id!r} has 1..{rounds}")
+    most = max(1, len(store.participants(session, job)) - 1)
+    if not 1 <= body["releases"] <= most:
+        raise ConfigError(
+            f"releases = {body['releases']} is invalid; a device of job {job.id!r} makes 1..{most}"
+            " per round (1, or one per neighbour under secure aggregation)"
+        )
+    key = (job.id, device.id, body["round"])
+    stored = _row(session, *key)
+    if stored is None:
+        spent = _spends(session, device.id)
+        after = privacy.epsilon(
+            [*spent, (options.noise_multiplier, body["releases"])], options.delta
+        )
+        budget = _budget(options)
+        if budget is not None and after > budget:
+            raise Conflict(
+                f"privacy budget exhausted: round {body['round']} of job {job.id!r} would take"
+                f" device {device.id!r} to ε = {after:.3g} > dp_epsilon_budget {budget:g} at"
+                f" δ = {options.delta:g}; the device must stop releasing"
+            )
+        session.add(
+            PrivacySpendRecord(
+                job_id=job.id,
+                device_id=device.id,
+                round=body["round"],
+                releases=body["releases"],
+                noise_multiplier=options.noise_multiplier,
+                delta=options.delta,
+                at=now,
+            )
+        )
+        try:
+            session.commit()
+        except IntegrityError:  # a concurrent spend of the same round won
+            session.rollback()
+            stored = _row(session, *key)
+    if stored is not None and stored.releases != body["releases"]:
+        raise Conflict(
+            f"round {body['round']} of job {job.id!r} is already recorded with"
+            f" {stored.releases} releases for device {device.id!r}; a round is spent once"
+        )
+    return _status(session, device.id, options.delta, _budget(options))
+
+
+def _row(session: Session, job_id: str, device_id: str, rnd: int) -> PrivacySpendRecord | None:
+    query = select(PrivacySpendRecord).where(
+        PrivacySpendRecord.job_id == job_id,
+        PrivacySpendRecord.device_id == device_id,
+        PrivacySpendRecord.round == rnd,
+    )
+    return session.scalars(query.execution_options(populate_existing=True)).first()
+
+
+def _status(session: Session, device_id: str, delta: float, budget: float | None) -> PrivacyStatus:
+    spent = _spends(session, device_id)
+    return PrivacyStatus(
+        device_id=device_id,
+        epsilon_spent=privacy.epsilon(spent, delta),
+        delta=delta,
+        epsilon_budget=budget,
+        releases=sum(count for _, count in spent),
+    )
+
+
+def device_status(session: Session, device: Device, delta: float | None = None) -> PrivacyStatus:
+    """ε the device spent over all its jobs.
+
+    ``delta`` ``None``: the smallest ``dp_delta`` of the DP jobs it took part in
+    (:data:`~meshfl.aggregation.privacy.DEFAULT_DP_DELTA` when none). The budget shown is
+    the smallest positive ``dp_epsilon_budget`` of those jobs (``None``: not capped).
+    """
+    query = select(Job).join(JobDevice, JobDevice.job_id == Job.id)
+    jobs = session.scalars(query.where(JobDevice.device_id == device.id))
+    options = [o for o in (PrivacyOptions.from_spec(j.spec) for j in jobs) if o.dp]
+    if delta is None:
+        delta = min((o.delta for o in options), default=DEFAULT_DP_DELTA)
+    budgets = [b for b in (_budget(o) for o in options) if b is not None]
+    return _status(session, device.id, delta, min(budgets, default=None))
+
+
+def job_epsilons(session: Session, job: Job, device_ids: Sequence[str]) -> dict[str, float | None]:
+    """ε this job's releases cost each device at the job's δ (``None`` for a non-DP job)."""
+    options = PrivacyOptions.from_spec(job.spec)
+    if not options.dp:
+        return dict.fromkeys(device_ids)
+    return {
+        d: privacy.epsilon(_spends(session, d, job_id=job.id), options.delta) for d in device_ids
+    }

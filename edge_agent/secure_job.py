@@ -1,0 +1,163 @@
+"""Setting up a device's part in a secure-aggregation job: keys, directory, engine.
+
+The device publishes its signed per-job key bundle to the coordinator (the public-key
+directory), waits until every participant's bundle is there, verifies each one against
+the participant's enrolled Ed25519 identity key, and builds the
+:class:`~edge_agent.secure_engine.SecureEngine` with the job's fixed-point encoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from edge_agent.rest import CoordinatorClient
+from edge_agent.secagg.crypto import IdentityKey, JobKeys, ParsedBundle, verify_bundle
+from edge_agent.secure_engine import Directory, SecureEngine
+from edge_agent.transport.base import Transport
+from meshfl.aggregation import FixedPoint, SecureChoco
+from meshfl.aggregation.privacy import PrivacyOptions, secure_quantization_bits
+from meshfl.contract import Assignment, SecAggDirectory
+from meshfl.errors import ConfigError, CoordinatorError, SecurityError
+
+__all__ = ["build_secure_engine", "fixed_point_for", "noise_std_steps"]
+
+log = logging.getLogger("meshfl.agent.secure")
+
+
+def fixed_point_for(
+    codec: str, options: PrivacyOptions, max_inputs: int
+) -> tuple[FixedPoint, float]:
+    """The job's fixed-point encoding and random-k density (raises ConfigError).
+
+    ``max_inputs`` is the largest neighbourhood; the modulus leaves room for the sum of
+    that many inputs and, with DP, for 8 standard deviations of the summed noise.
+    """
+    bits, density = secure_quantization_bits(codec)
+    level = 2 ** (bits - 1) - 1
+    step = options.secure_range / level
+    noise = noise_std_steps(options, step)
+    return FixedPoint.choose(options.secure_range, bits, max_inputs, noise), density
+
+
+def noise_std_steps(options: PrivacyOptions, step: float) -> float:
+    """Std of one member's integer DP noise, in grid steps (0 without DP).
+
+    ``local``: σC (each member's contribution is private on its own); ``distributed``:
+    σC/√t, so that any t surviving members' noise sums to at least σC (Kairouz, Liu &
+    Steinke, "The Distributed Discrete Gaussian Mechanism", ICML 2021, Section 4).
+    """
+    if not options.dp:
+        return 0.0
+    std = options.noise_multiplier * options.clip
+    if options.mode == "distributed":
+        std /= math.sqrt(options.threshold)
+    return std / step
+
+
+def _directory(reply: SecAggDirectory, rounds: int) -> Directory:
+    """Verify every bundle against its device's identity key; build the directory."""
+    neighbourhoods = {d: tuple(sorted(n)) for d, n in reply["neighbourhoods"].items()}
+    bundles: dict[str, ParsedBundle] = {}
+    for device, bundle in reply["bundles"].items():
+        identity = reply["identity_keys"].get(device)
+        if identity is None:
+            raise SecurityError(f"the key directory has no identity key for {device}")
+        slots = len(neighbourhoods.get(device, ()))
+        parsed = verify_bundle(bundle, identity, rounds, max(1, slots))
+        if parsed.device != device or parsed.job != reply["job_id"]:
+            raise SecurityError(f"the directory's bundle for {device} names another device or job")
+        bundles[device] = parsed
+    return Directory(
+        threshold=reply["threshold"],
+        coordinator_key=reply["coordinator_key"],
+        neighbourhoods=neighbourhoods,
+        bundles=bundles,
+    )
+
+
+def build_secure_engine(
+    *,
+    client: CoordinatorClient,
+    transport: Transport,
+    identity: IdentityKey,
+    device_id: str,
+    assignment: Assignment,
+    params: Mapping[str, np.ndarray],
+    options: PrivacyOptions,
+    timeout_s: float,
+) -> SecureEngine:
+    """Publish this device's keys, fetch the verified directory, build the engine.
+
+    Raises
+    ------
+    ConfigError
+        The directory was not complete within ``timeout_s`` seconds, or the job's encoding
+        cannot hold a neighbourhood sum.
+    SecurityError
+        A bundle's signature does not verify against its device's identity key.
+
+    """
+    spec = assignment["spec"]
+    job_id = assignment["job_id"]
+    slots = max(1, len(assignment["neighbours"]))  # one masking key per aggregator a round
+    keys = JobKeys.create(job_id, device_id, spec["rounds"], slots)
+    client.put_key_bundle(job_id, device_id, keys.bundle(identity))  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = client.get_directory(job_id)
+        if reply["complete"]:
+            break
+        if time.monotonic() >= deadline:
+            absent = sorted(set(reply["neighbourhoods"]) - set(reply["bundles"]))
+            raise ConfigError(
+                f"secure aggregation: devices {absent} published no keys within {timeout_s:.0f} s;"
+                " check that they run an agent with secure-aggregation support"
+            )
+        time.sleep(0.2)
+    directory = _directory(reply, spec["rounds"])
+    neighbours = {n["device_id"]: float(n["weight"]) for n in assignment["neighbours"]}
+    if set(neighbours) != set(directory.neighbourhoods.get(device_id, ())):
+        raise CoordinatorError(
+            f"the key directory's neighbourhood of {device_id} differs from its assignment"
+        )
+    largest = max((len(v) for v in directory.neighbourhoods.values()), default=1)
+    fixed_point, density = fixed_point_for(spec["codec"], options, largest)
+    step = fixed_point.step
+    algorithm = SecureChoco(
+        params,
+        neighbours,
+        assignment["self_weight"],
+        consensus_step=spec["consensus_step"],
+        fixed_point=fixed_point,
+        density=density,
+        dp_clip=options.clip,
+        dp_noise_std=noise_std_steps(options, step),
+    )
+    log.info(
+        "secure aggregation: threshold %d, %d-bit fixed point in ±%g, modulus 2^%d%s",
+        directory.threshold,
+        fixed_point.bits,
+        fixed_point.range_,
+        fixed_point.modulus_bits,
+        f", random-k density {density:g}" if density < 1 else "",
+    )
+    return SecureEngine(
+        transport=transport,
+        declare=lambda d: client.post_declaration(job_id, d),
+        fleet=assignment["fleet"],
+        job_id=job_id,
+        device_id=device_id,
+        directory=directory,
+        keys=keys,
+        algorithm=algorithm,
+        fixed_point=fixed_point,
+        density=density,
+        deadline_s=spec["round_deadline_s"],
+        max_payload=spec["max_payload_bytes"],
+        rng=np.random.default_rng(),
+    )

@@ -1,0 +1,297 @@
+"""A job's privacy and robustness options, parsed and checked once for every caller.
+
+The REST API, ``meshfl job start``, ``meshfl local`` and the agent all read the same
+:class:`PrivacyOptions` from a :class:`~meshfl.contract.JobSpec`, so a combination that
+cannot work is refused with the same one-line reason everywhere, before a job starts:
+
+- **Secure aggregation** (Bonawitz et al., CCS 2017; SecAgg+, Bell et al., CCS 2020)
+  sums *masked integers*: every sender of a neighbourhood must put its values on one
+  fixed-point grid and on the same coordinates. Dense quantizers (``identity`` as 16-bit
+  fixed point, ``int8``, ``qsgd:S``) and shared-seed ``randk`` fit; ``topk`` (each device
+  picks its own coordinates, and the indices would reveal the delta), ``sign`` and
+  ``powersgd`` (per-device scales and factors), ``fp16``/``bf16`` (floats cannot be
+  masked modulo 2^b) and a ``+zstd`` layer (masked values are uniformly random) do not.
+  It needs CHOCO-SGD in sync mode on a fixed graph.
+- **Robust rules** (coordinate-wise median, trimmed mean, ClippedGossip) look at each
+  neighbour's state separately, which masking exists to hide: they are refused together.
+- **Differential privacy**: ``distributed`` noise is split across a securely
+  aggregated neighbourhood, so it needs secure aggregation; DP clips a *delta*, so it
+  needs CHOCO-SGD (D-PSGD sends models).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshfl.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_DP_DELTA",
+    "DEFAULT_SECURE_RANGE",
+    "PrivacyOptions",
+    "RobustRule",
+    "parse_robust",
+    "secure_quantization_bits",
+]
+
+DEFAULT_DP_DELTA = 1e-5
+"""δ of the (ε, δ) guarantee when a job names none."""
+
+DEFAULT_SECURE_RANGE = 1.0
+"""±R: the fixed-point range of one coordinate of a masked contribution."""
+
+ROBUST_FORMS = "median, trimmed:BETA (0 <= BETA < 0.5), clipped-gossip"
+
+
+@dataclass(frozen=True)
+class RobustRule:
+    """A robust mixing rule: ``name`` in ``median``, ``trimmed``, ``clipped-gossip``.
+
+    ``beta`` is the fraction trimmed from each end (``trimmed`` only, in [0, 0.5)).
+    """
+
+    name: str
+    beta: float = 0.0
+
+    @property
+    def spec(self) -> str:
+        """The canonical text form (parses back to an equal rule)."""
+        return f"trimmed:{self.beta:g}" if self.name == "trimmed" else self.name
+
+
+def parse_robust(text: str) -> RobustRule:
+    """Parse ``median``, ``trimmed:0.1`` or ``clipped-gossip``.
+
+    Raises
+    ------
+    ConfigError
+        Any other text; the message lists the valid forms.
+
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"robust rule must be a string; valid forms: {ROBUST_FORMS}")
+    name, colon, arg = text.strip().lower().partition(":")
+    if name in ("median", "clipped-gossip") and not colon:
+        return RobustRule(name)
+    if name == "trimmed":
+        try:
+            beta = float(arg) if colon else 0.1
+        except ValueError:
+            beta = math.nan
+        if math.isfinite(beta) and 0.0 <= beta < 0.5:
+            return RobustRule("trimmed", beta)
+    raise ConfigError(f"invalid robust rule {text!r}; valid forms: {ROBUST_FORMS}")
+
+
+def secure_quantization_bits(codec_spec: str) -> tuple[int, float]:
+    """Fixed-point bits per coordinate and density of a codec under secure aggregation.
+
+    ``identity``/``fp32`` → (16, 1.0), ``int8[:CHUNK]`` → (8, 1.0), ``qsgd:S`` →
+    (⌈log2(2S + 1)⌉, 1.0), ``randk:D`` → (16, D) on shared-seed coordinates.
+
+    Raises
+    ------
+    ConfigError
+        A codec that cannot be masked, with the reason and what to use instead.
+
+    """
+    text = codec_spec.strip().lower()
+    base, plus, _ = text.partition("+")
+    if plus:
+        raise ConfigError(
+            f"codec {codec_spec!r} cannot be used with secure aggregation: masked values are"
+            " uniformly random, so a lossless layer cannot shrink them; drop '+zstd'"
+        )
+    name, _, arg = base.partition(":")
+    if name in ("identity", "fp32"):
+        return 16, 1.0
+    if name == "int8":
+        return 8, 1.0
+    if name == "qsgd":
+        levels = int(arg.partition(":")[0])
+        return max(2, math.ceil(math.log2(2 * levels + 1))), 1.0
+    if name == "randk":
+        density, _, unbiased = arg.partition(":")
+        if unbiased:
+            raise ConfigError(
+                f"codec {codec_spec!r} cannot be used with secure aggregation: its 1/density"
+                " scaling would leave the fixed-point range; use randk:DENSITY"
+            )
+        return 16, float(density)
+    why = {
+        "topk": "each device keeps its own largest coordinates, so masked sums would not"
+        " line up and the indices alone would reveal the delta; use randk:DENSITY"
+        " (shared seed) or a dense quantizer (int8, qsgd:S)",
+        "sign": "its per-device scale cannot be summed under a mask; use int8 or qsgd:S",
+        "powersgd": "its per-device low-rank factors cannot be summed under a mask; use"
+        " int8, qsgd:S or randk:DENSITY",
+        "fp16": "floating-point values cannot be masked modulo 2^b; use identity (16-bit"
+        " fixed point) or int8",
+        "bf16": "floating-point values cannot be masked modulo 2^b; use identity (16-bit"
+        " fixed point) or int8",
+    }.get(name, "it is not a dense quantizer or shared-seed random-k")
+    raise ConfigError(f"codec {codec_spec!r} cannot be used with secure aggregation: {why}")
+
+
+def _number(spec: Mapping[str, Any], key: str, default: float) -> float:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PrivacyOptions:
+    """The privacy and robustness options of one job (all off by default).
+
+    Attributes
+    ----------
+    threshold : int
+        t of secure aggregation: a neighbourhood unmasks when at least t of its members
+        delivered their masked input; 0 disables secure aggregation.
+    secure_range : float
+        R: each coordinate of a masked contribution is clipped to [−R, R] (default 1.0).
+    noise_multiplier : float
+        σ: Gaussian noise of standard deviation σ·C per coordinate (0: no DP).
+    clip : float
+        C: the L2 norm each released delta is clipped to.
+    mode : str
+        ``local`` (each device adds all of its noise) or ``distributed`` (each member of
+        a securely aggregated neighbourhood adds integer noise of variance σ²C²/t).
+    delta : float
+        δ of the (ε, δ) guarantee (default 1e-5).
+    epsilon_budget : float
+        ε_max per device over all its jobs (0: accounted, not capped).
+    robust : RobustRule or None
+        The robust mixing rule (``None``: plain weighted mixing).
+
+    """
+
+    threshold: int = 0
+    secure_range: float = DEFAULT_SECURE_RANGE
+    noise_multiplier: float = 0.0
+    clip: float = 0.0
+    mode: str = "local"
+    delta: float = DEFAULT_DP_DELTA
+    epsilon_budget: float = 0.0
+    robust: RobustRule | None = None
+
+    @property
+    def secure(self) -> bool:
+        """Whether secure aggregation is on."""
+        return self.threshold > 0
+
+    @property
+    def dp(self) -> bool:
+        """Whether differential privacy is on."""
+        return self.noise_multiplier > 0
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> PrivacyOptions:
+        """Read and check a job spec's options (see the module docstring).
+
+        Raises
+        ------
+        ConfigError
+            A value out of range or a combination that cannot work, with the reason.
+
+        """
+        threshold = spec.get("secure_aggregation", 0)
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise ConfigError(
+                f"secure_aggregation must be an integer threshold >= 0, got {threshold!r}"
+            )
+        if threshold == 1:
+            raise ConfigError(
+                "secure aggregation threshold 1 lets one device unmask alone; use t >= 2"
+                " (more than half the neighbourhood is recommended)"
+            )
+        secure_range = _number(spec, "secure_range", DEFAULT_SECURE_RANGE)
+        if secure_range <= 0:
+            raise ConfigError(f"secure_range must be > 0, got {secure_range!r}")
+        sigma = _number(spec, "dp_noise_multiplier", 0.0)
+        clip = _number(spec, "dp_clip", 0.0)
+        delta = _number(spec, "dp_delta", DEFAULT_DP_DELTA)
+        budget = _number(spec, "dp_epsilon_budget", 0.0)
+        mode = spec.get("dp_mode", "local")
+        if sigma < 0 or clip < 0 or budget < 0:
+            raise ConfigError("dp_noise_multiplier, dp_clip and dp_epsilon_budget must be >= 0")
+        if not 0 < delta < 1:
+            raise ConfigError(f"dp_delta must be in (0, 1), got {delta!r}")
+        if mode not in ("local", "distributed"):
+            raise ConfigError(f"dp_mode must be 'local' or 'distributed', got {mode!r}")
+        robust_text = spec.get("robust")
+        robust = None if robust_text in (None, "", "none") else parse_robust(robust_text)
+        options = cls(threshold, secure_range, sigma, clip, mode, delta, budget, robust)
+        options._check_combination(spec)
+        return options
+
+    def _check_combination(self, spec: Mapping[str, Any]) -> None:
+        algorithm = spec.get("algorithm", "choco")
+        if self.dp and self.clip <= 0:
+            raise ConfigError("dp_noise_multiplier needs dp_clip > 0 (the clipping norm C)")
+        if self.clip > 0 and not self.dp:
+            raise ConfigError("dp_clip without dp_noise_multiplier gives no privacy; set both")
+        if self.epsilon_budget > 0 and not self.dp:
+            raise ConfigError("dp_epsilon_budget needs dp_noise_multiplier > 0")
+        if self.dp and algorithm != "choco":
+            raise ConfigError(
+                "differential privacy clips and noises a delta; D-PSGD sends whole models:"
+                " use algorithm choco"
+            )
+        if self.dp and spec.get("keyframe_growth", 0.0):
+            raise ConfigError(
+                "error-triggered keyframes would release the model outside the privacy"
+                " accounting: set keyframe_growth to 0 with differential privacy"
+            )
+        if self.mode == "distributed" and self.dp and not self.secure:
+            raise ConfigError(
+                "dp_mode distributed splits the noise across a securely aggregated"
+                " neighbourhood; set secure_aggregation (a threshold) or use dp_mode local"
+            )
+        if self.robust is not None and self.secure:
+            raise ConfigError(
+                f"robust rule {self.robust.spec!r} needs each neighbour's state, which secure"
+                " aggregation hides; use one or the other"
+            )
+        if not self.secure:
+            return
+        if algorithm != "choco":
+            raise ConfigError(
+                "secure aggregation works with CHOCO-SGD's per-edge messages; use algorithm choco"
+            )
+        if spec.get("mode", "sync") != "sync":
+            raise ConfigError(
+                "secure aggregation needs sync rounds (every neighbourhood unmasks one round at a"
+                " time); use mode sync"
+            )
+        if spec.get("elastic") or spec.get("topology") == "one-peer-exponential":
+            raise ConfigError(
+                "secure aggregation needs a fixed neighbourhood for the whole job; do not use"
+                " elastic or one-peer-exponential"
+            )
+        if spec.get("keyframe_growth", 0.0):
+            raise ConfigError(
+                "keyframes are unmasked models; secure aggregation cannot send them: set"
+                " keyframe_growth to 0"
+            )
+        secure_quantization_bits(str(spec.get("codec", "identity")))
+
+    def check_degrees(self, degrees: Mapping[str, int]) -> None:
+        """Refuse a threshold larger than some device's neighbourhood.
+
+        ``degrees`` maps device id → number of neighbours. Raises ConfigError.
+        """
+        if not self.secure or not degrees:
+            return
+        smallest = min(degrees.values())
+        if self.threshold > smallest:
+            device = min(degrees, key=lambda d: (degrees[d], d))
+            raise ConfigError(
+                f"secure aggregation threshold {self.threshold} exceeds the {smallest}"
+                f" neighbours of device {device}; use a threshold <= {smallest} or a denser"
+                " topology"
+            )
