@@ -28,7 +28,7 @@ from edge_agent.job import JobRunner
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Message, Transport
 from meshfl.contract import Assignment, CapabilityProfile, ModelSpec
-from meshfl.errors import ConfigError
+from meshfl.errors import ConfigError, SecurityError
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
 
@@ -184,7 +184,7 @@ def _serve(
         )
         try:
             runner.run(x, y)  # type: ignore[arg-type]
-        except ConfigError as exc:  # this job does not fit this device: decline it
+        except (ConfigError, SecurityError) as exc:  # this job does not fit: decline it
             log.error("declining job %s: %s", job_id, exc)
             transport.publish(
                 status_topic(fleet, device_id),

@@ -27,7 +27,13 @@ from meshfl.aggregation import (
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.codecs import CodecPolicy, parse_codec
 from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
-from meshfl.errors import ConfigError, CoordinatorError, DataError, MeshflError
+from meshfl.errors import (
+    ConfigError,
+    CoordinatorError,
+    CoordinatorUnreachable,
+    DataError,
+    MeshflError,
+)
 from meshfl.modelspec import check_hash
 
 if TYPE_CHECKING:
@@ -166,16 +172,21 @@ class JobRunner:
                 "secure aggregation needs this device's identity key; enrol it again with"
                 " `meshfl agent run --token ...`"
             )
-        return build_secure_engine(
-            client=self.client,
-            transport=self.transport,
-            identity=self.identity,
-            device_id=self.device_id,
-            assignment=self.assignment,
-            params=params,
-            options=self.privacy,
-            timeout_s=max(60.0, self.spec["round_deadline_s"]),
-        )
+        try:
+            return build_secure_engine(
+                client=self.client,
+                transport=self.transport,
+                identity=self.identity,
+                device_id=self.device_id,
+                assignment=self.assignment,
+                params=params,
+                options=self.privacy,
+                timeout_s=max(60.0, self.spec["round_deadline_s"]),
+            )
+        except CoordinatorUnreachable:
+            raise
+        except CoordinatorError as exc:  # a refusal: this device cannot take part
+            raise ConfigError(f"secure aggregation setup refused: {exc}") from exc
 
     def _spend(self, round_: int, releases: int) -> bool:
         """Record this round's DP releases at the coordinator first; False: budget reached."""

@@ -209,6 +209,11 @@ class SecureEngine:
         self.clock = clock
         self.threshold = directory.threshold
         self.neighbours: tuple[str, ...] = directory.neighbourhoods.get(device_id, ())
+        # Everyone this device exchanges messages with: its neighbours and their other
+        # members (shares go to co-members two hops away), waited for at the start.
+        self.correspondents: frozenset[str] = frozenset(
+            m for i in self.neighbours for m in (i, *directory.neighbourhoods.get(i, ()))
+        ) - {device_id}
         self.stats = SecureStats()
         self.holder = ShareHolder(device_id)
         self.control: list[dict[str, Any]] = []  # the job runner reads it like GossipEngine's
@@ -235,17 +240,22 @@ class SecureEngine:
         self.transport.subscribe(control_topic(self.fleet), qos=1)
         inbox = inbox_topic(self.fleet, self.device_id, self.device_id)
         self.transport.subscribe(inbox.rsplit("/", 1)[0] + "/+", qos=1)
-        for peer in self.neighbours:
+        for peer in sorted(self.correspondents):
             self.transport.subscribe(status_topic(self.fleet, peer), qos=1)
         self._status({"state": "online", "job": self.job_id, "round": 0})
 
     def wait_ready(self, timeout_s: float) -> list[str]:
-        """Wait until every neighbour announced this job (or is offline); return the absent."""
+        """Wait until every correspondent announced this job (or is offline).
+
+        A device announces the job only once its inbox subscription is acknowledged, so
+        after this barrier no share sent to a co-member two hops away is lost. Returns
+        the sorted ids of those still absent after ``timeout_s`` seconds.
+        """
         deadline = self.clock() + timeout_s
-        while not all(p in self._ready or p in self._offline for p in self.neighbours):
+        while not all(p in self._ready or p in self._offline for p in self.correspondents):
             if not self._wait_one(deadline):
                 break
-        return sorted(set(self.neighbours) - self._ready - self._offline)
+        return sorted(self.correspondents - self._ready - self._offline)
 
     def leave(self) -> None:
         """Announce that this device left the job."""
@@ -456,7 +466,7 @@ class SecureEngine:
         log.warning("%s", reason)
 
     def _on_status(self, device: str | None, payload: bytes) -> None:
-        if device is None or device not in self.neighbours:
+        if device is None or device not in self.correspondents:
             return
         try:
             status = json.loads(payload)
