@@ -4,7 +4,9 @@ Every DP release a device makes is recorded before it happens (``POST
 .../privacy/{device_id}/spend``, one row per job, device and round, with the job's σ and
 δ), so a restart of the coordinator keeps every spent ε. ε is always computed from the
 rows by :func:`coordinator.privacy.epsilon` — the device's releases over *all* its jobs,
-at the δ of the job asking — and compared with that job's ``dp_epsilon_budget`` ε_max:
+at the δ of the job asking — and compared with the device's ε_max: the smallest
+``dp_epsilon_budget`` of this job and of every DP job the device took part in (a budget
+can be lowered by a later job, never raised):
 
 - at the start, a DP job with a budget is refused (409) when the releases it would make
   (``rounds × releases per round``: the device's degree under secure aggregation, one
@@ -54,6 +56,19 @@ def _budget(options: PrivacyOptions) -> float | None:
     return options.epsilon_budget if options.epsilon_budget > 0 else None
 
 
+def _device_budget(session: Session, device_id: str, options: PrivacyOptions) -> float | None:
+    """The device's ε_max: the smallest budget of this job and of every DP job it was in.
+
+    A budget sticks to the device: a later job may lower it, never raise it, so a job
+    with a larger ``dp_epsilon_budget`` cannot spend what an earlier one capped.
+    """
+    query = select(Job).join(JobDevice, JobDevice.job_id == Job.id)
+    jobs = session.scalars(query.where(JobDevice.device_id == device_id))
+    budgets = [_budget(PrivacyOptions.from_spec(j.spec)) for j in jobs]
+    known = [b for b in (*budgets, _budget(options)) if b is not None]
+    return min(known, default=None)
+
+
 def check_start(
     session: Session, job: Job, options: PrivacyOptions, degrees: Mapping[str, int]
 ) -> None:
@@ -68,11 +83,13 @@ def check_start(
         ``rounds × releases_per_round`` at this job's σ) exceeds ``dp_epsilon_budget``.
 
     """
-    budget = _budget(options)
-    if not options.dp or budget is None:
+    if not options.dp:
         return
     rounds = int(job.spec["rounds"])
     for device_id in sorted(degrees):
+        budget = _device_budget(session, device_id, options)
+        if budget is None:
+            continue
         spent = _spends(session, device_id)
         planned = rounds * releases_per_round(options, degrees[device_id])
         projected = privacy.epsilon([*spent, (options.noise_multiplier, planned)], options.delta)
@@ -81,8 +98,8 @@ def check_start(
             raise Conflict(
                 f"job {job.id!r} would spend device {device_id!r} to ε = {projected:.3g} at"
                 f" δ = {options.delta:g} (ε = {so_far:.3g} spent so far, {planned} new"
-                f" releases) past dp_epsilon_budget {budget:g}; use fewer rounds, a larger"
-                " dp_noise_multiplier or other devices"
+                f" releases) past its ε budget {budget:g} (the smallest dp_epsilon_budget"
+                " of its jobs); use fewer rounds, a larger dp_noise_multiplier or other devices"
             )
 
 
@@ -125,7 +142,7 @@ def record_spend(
         after = privacy.epsilon(
             [*spent, (options.noise_multiplier, body["releases"])], options.delta
         )
-        budget = _budget(options)
+        budget = _device_budget(session, device.id, options)
         if budget is not None and after > budget:
             raise Conflict(
                 f"privacy budget exhausted: round {body['round']} of job {job.id!r} would take"
@@ -153,7 +170,7 @@ def record_spend(
             f"round {body['round']} of job {job.id!r} is already recorded with"
             f" {stored.releases} releases for device {device.id!r}; a round is spent once"
         )
-    return _status(session, device.id, options.delta, _budget(options))
+    return _status(session, device.id, options.delta, _device_budget(session, device.id, options))
 
 
 def _row(session: Session, job_id: str, device_id: str, rnd: int) -> PrivacySpendRecord | None:

@@ -105,7 +105,7 @@ def start_job(
     options = PrivacyOptions.from_spec(spec)
     degrees = {d.id: graph.degree(k) for k, d in enumerate(chosen)}
     try:
-        options.check_degrees(degrees)
+        options.check_degrees(degrees, spec["codec"])
         if options.secure and degrees:
             keys = int(spec["rounds"]) * max(degrees.values())
             if keys > MAX_SECURE_KEYS:

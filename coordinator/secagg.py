@@ -266,15 +266,15 @@ def _checked(job: Job, device: Device, body: Declaration, threshold: int) -> Dec
     members = set(neighbourhoods(job)[device.id])
     if len(survivors) != len(body["survivors"]) or len(dropped) != len(body["dropped"]):
         raise ConfigError("declaration lists a device twice; list each neighbour once")
-    if survivors & dropped or survivors | dropped != members:
+    if survivors & dropped or not survivors | dropped <= members:
         raise ConfigError(
-            f"declaration survivors and dropped must split aggregator {device.id!r}'s"
-            f" neighbours {sorted(members)} into two disjoint lists"
+            f"declaration survivors and dropped must be disjoint lists of aggregator"
+            f" {device.id!r}'s neighbours {sorted(members)}"
         )
-    if body["aborted"] != (len(survivors) < threshold):
+    if not body["aborted"] and len(survivors) < threshold:
         raise ConfigError(
-            f"declaration.aborted must be {len(survivors) < threshold}: {len(survivors)}"
-            f" survivors against threshold {threshold}"
+            f"declaration.aborted must be true: {len(survivors)} survivors are below the"
+            f" threshold {threshold}"
         )
     return Declaration(
         job=job.id,
@@ -306,8 +306,9 @@ def declare(
     Forbidden
         The caller is not the aggregator, or not a current participant.
     meshfl.errors.ConfigError
-        Survivors and dropped do not split N(aggregator), a round out of range, or
-        ``aborted`` disagrees with the threshold.
+        Survivors and dropped are not disjoint subsets of N(aggregator) (``dropped``
+        lists only the absent members some survivor masked with), a round out of range,
+        or ``aborted`` false below the threshold (an aggregator may abort above it).
 
     """
     options = _options(job)

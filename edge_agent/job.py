@@ -122,6 +122,8 @@ class JobRunner:
         profile = capability_profile(trainer, x, y)
         profile.update(self._fresh_link())
         self.client.put_profile(self.device_id, profile)
+        if self.privacy.dp:
+            self._warn_dp(sum(int(a.size) for a in trainer.params().values()))
         topo = TopologyVersion.from_assignment(self.assignment)
         self.versions = {topo.version: topo}
         self._prepared = {topo.version}
@@ -443,6 +445,20 @@ class JobRunner:
         )
         choco.set_neighbours(weights, self_weight, listen=listen)
         return choco
+
+    def _warn_dp(self, n: int) -> None:
+        """Say up front when the DP noise of a release dwarfs what a round can correct."""
+        sigma, clip = self.privacy.noise_multiplier, self.privacy.clip
+        ratio = sigma * math.sqrt(n)
+        log.info("differential privacy: σ %g, C %g, %s mode", sigma, clip, self.privacy.mode)
+        if ratio > 10:
+            log.warning(
+                "DP noise of norm ≈ σ·C·√n = %.3g per release is %.0f× the clipping norm C:"
+                " the public replicas will drift and accuracy will be low; see"
+                " docs/privacy.md (What DP costs)",
+                ratio * clip,
+                ratio,
+            )
 
     def _privatizer(self) -> GaussianPrivatizer | None:
         """Local DP (McMahan et al., ICLR 2018): clip each released difference, add noise."""

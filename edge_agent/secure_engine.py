@@ -140,6 +140,7 @@ class _Instance:
 
     members: tuple[str, ...]
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    masked_with: dict[str, frozenset[str]] = field(default_factory=dict)  # sender -> S_j
     declaration: Declaration | None = None
     b_shares: dict[str, dict[int, bytes]] = field(default_factory=dict)
     s_shares: dict[str, dict[int, bytes]] = field(default_factory=dict)
@@ -231,6 +232,8 @@ class SecureEngine:
         self._requests: list[tuple[str, Declaration]] = []  # awaiting this holder's shares
         self._future: dict[int, list[tuple[str, Envelope]]] = {}
         self._share_keys: dict[str, bytes] = {}
+        self._self_seeds: dict[str, bytes] = {}  # this round's b seed per aggregator
+        self._request_arrival: dict[tuple[int, str], float] = {}
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -279,7 +282,9 @@ class SecureEngine:
         self._round = round_
         self._started_at[round_] = self.clock()
         instance = self._instances.setdefault(round_, _Instance(self.neighbours))
-        self._send_round(round_, x)
+        self._send_shares(round_)
+        self._await_shares(round_, self.clock() + self.deadline_s)
+        self._send_inputs(round_, x)
         for src, env in self._future.pop(round_, []):  # inputs that came early (deduplicated)
             self._on_input(src, env)
         collect_until = self.clock() + self.deadline_s
@@ -313,7 +318,7 @@ class SecureEngine:
         declaration = instance.declaration
         if declaration is None or declaration["aborted"] or not instance.done:
             return sorted(self.neighbours)
-        return sorted(declaration["dropped"])
+        return sorted(set(self.neighbours) - set(declaration["survivors"]))
 
     def _all_inputs(self, instance: _Instance) -> bool:
         return set(instance.members) - self._offline <= set(instance.inputs)
@@ -324,39 +329,78 @@ class SecureEngine:
 
     # -- member: shares and masked inputs ---------------------------------------------
 
-    def _send_round(self, round_: int, x: Mapping[str, np.ndarray]) -> None:
-        """Shares to every co-member, then a masked input to every neighbour (aggregator)."""
-        bits = self.fixed_point.modulus_bits
+    def _send_shares(self, round_: int) -> None:
+        """Draw this round's self-mask seeds; send every co-member its sealed shares.
+
+        Shares go first: a member masks only with the co-members whose shares it holds
+        (Bonawitz et al.'s U1), so a device that died before this round is left out of
+        every mask instead of making the neighbourhood sum unrecoverable.
+        """
         shares_for: dict[str, dict[str, tuple[Share, Share]]] = {}
+        self._self_seeds = {}
         for slot, aggregator in enumerate(self.neighbours):
             members = self.directory.neighbourhoods[aggregator]
-            s_private = self.keys.s_private_raw(round_, slot)
-            contribution = self.algorithm.contribution(
-                x, aggregator, self._index_seed(round_, aggregator), self.rng
-            )
-            self._pending[(round_, aggregator)] = contribution
             self_seed = os.urandom(32)
+            self._self_seeds[aggregator] = self_seed
             b_split = split_secret(self_seed, self.threshold, len(members))
-            s_split = split_secret(s_private, self.threshold, len(members))
+            s_split = split_secret(
+                self.keys.s_private_raw(round_, slot), self.threshold, len(members)
+            )
             for position, member in enumerate(members):
                 pair = (b_split[position], s_split[position])
                 if member == self.device_id:
                     self.holder.store(self.device_id, round_, aggregator, *pair)
                 else:
                     shares_for.setdefault(member, {})[aggregator] = pair
-            pairwise = [
-                (self._mask_seed(s_private, member, round_, aggregator), self._sign(member))
-                for member in members
-                if member != self.device_id
-            ]
-            masked = mask(contribution.encoded, self_seed, pairwise, bits)
-            entry = TensorEntry(
-                "masked", (len(masked),), DType.UINT8, SECURE_TAG, pack_words(masked, bits)
-            )
-            self._send(aggregator, MessageKind.SECURE_INPUT, round_, (entry,))
         for member, shares in sorted(shares_for.items()):
             message = SharesMessage(self.device_id, round_, shares)
             self._send_sealed(member, round_, encode_shares(message))
+
+    def _await_shares(self, round_: int, deadline: float) -> None:
+        """Wait until every live co-member's shares of this round are here (or ``deadline``)."""
+
+        def waiting() -> bool:
+            for aggregator in self.neighbours:
+                members = self.directory.neighbourhoods[aggregator]
+                alive = [m for m in members if m not in self._offline]
+                if self.holder.missing(round_, aggregator, alive):
+                    return True
+            return False
+
+        while waiting():
+            self._serve_requests()
+            if not self._wait_one(deadline):
+                return
+
+    def _send_inputs(self, round_: int, x: Mapping[str, np.ndarray]) -> None:
+        """A masked contribution to every neighbour, masked with the co-members heard from."""
+        bits = self.fixed_point.modulus_bits
+        for slot, aggregator in enumerate(self.neighbours):
+            members = self.directory.neighbourhoods[aggregator]
+            s_private = self.keys.s_private_raw(round_, slot)
+            others = [m for m in members if m != self.device_id]
+            masked_with = sorted(
+                m for m in others if not self.holder.missing(round_, aggregator, [m])
+            )
+            contribution = self.algorithm.contribution(
+                x, aggregator, self._index_seed(round_, aggregator), self.rng
+            )
+            self._pending[(round_, aggregator)] = contribution
+            pairwise = [
+                (self._mask_seed(s_private, member, round_, aggregator), self._sign(member))
+                for member in masked_with
+            ]
+            masked = mask(contribution.encoded, self._self_seeds[aggregator], pairwise, bits)
+            words = TensorEntry(
+                f"masked:{aggregator}",  # bound to its aggregator: a replay elsewhere is refused
+                (len(masked),),
+                DType.UINT8,
+                SECURE_TAG,
+                pack_words(masked, bits),
+            )
+            listed = json.dumps(masked_with).encode()
+            peers = TensorEntry("masked_with", (len(listed),), DType.UINT8, SECURE_TAG, listed)
+            self._send(aggregator, MessageKind.SECURE_INPUT, round_, (words, peers))
 
     def _sign(self, other: str) -> int:
         return 1 if self.device_id < other else -1
@@ -511,12 +555,22 @@ class SecureEngine:
                 log.info("round %d: ignored %s's late masked input (declared dropped)",
                          env.round, src)  # fmt: skip
             return
-        if len(env.tensors) != 1:
-            raise WireError("a masked input has exactly one tensor")
+        if (
+            len(env.tensors) != 2
+            or env.tensors[0].name != f"masked:{self.device_id}"
+            or env.tensors[1].name != "masked_with"
+        ):
+            raise WireError(f"{src}'s masked input is not addressed to this aggregator")
+        if src in instance.inputs:
+            raise WireError(f"{src} sent a second masked input for round {env.round}")
+        masked_with = json.loads(env.tensors[1].payload)
+        if not isinstance(masked_with, list) or not set(masked_with) <= set(instance.members):
+            raise WireError(f"{src}'s mask set is not a subset of this neighbourhood")
         indices = self._indices(env.round, self.device_id)
         n = self.algorithm.flat_size if indices is None else len(indices)
         bits = self.fixed_point.modulus_bits
         instance.inputs[src] = unpack_words(env.tensors[0].payload, n, bits)
+        instance.masked_with[src] = frozenset(masked_with) - {src}
 
     def _on_body(self, src: str, env: Envelope) -> None:
         if len(env.tensors) != 1 or len(env.tensors[0].payload) > _MAX_BODY:
@@ -573,7 +627,7 @@ class SecureEngine:
             if not declaration["aborted"]:
                 if self.device_id in survivors:
                     self._commit(round_, src)
-                late = self.clock() >= self._request_deadline(round_)
+                late = self.clock() >= self._request_deadline(round_, src)
                 if self.holder.missing(round_, src, survivors, dropped) and not late:
                     waiting.append((src, declaration))  # shares may still be on their way
                     continue
@@ -583,8 +637,13 @@ class SecureEngine:
             self._answered.setdefault(round_, set()).add(src)
         self._requests = waiting
 
-    def _request_deadline(self, round_: int) -> float:
-        return self._started_at.get(round_, self.clock()) + 2 * self.deadline_s
+    def _request_deadline(self, round_: int, aggregator: str) -> float:
+        """Until when a request may wait for shares still on their way.
+
+        Shares are sent before the inputs, so a few seconds at most: 5 s after it came.
+        """
+        arrived: float = self._request_arrival.setdefault((round_, aggregator), self.clock())
+        return arrived + min(5.0, self.deadline_s)
 
     def _commit(self, round_: int, aggregator: str) -> None:
         """The aggregator confirmed this device's input: update the edge's replica."""
@@ -597,13 +656,30 @@ class SecureEngine:
 
     def _declare(self, round_: int, instance: _Instance) -> None:
         survivors = sorted(instance.inputs)
+        alive = set(survivors)
+        # Members some survivor masked with but that sent no input: their masks must go.
+        dropped = sorted(set().union(*instance.masked_with.values()) - alive)
+        # Masks between two survivors cancel only if each masked with the other.
+        lopsided = sorted(
+            f"{j}/{k}"
+            for j in survivors
+            for k in instance.masked_with[j] & alive
+            if j not in instance.masked_with[k]
+        )
+        if lopsided:
+            log.warning(
+                "round %d: survivors %s masked with each other one-sidedly (a member crashed"
+                " while sending shares): round aborted",
+                round_,
+                lopsided,
+            )
         declaration: Declaration = {
             "job": self.job_id,
             "round": round_,
             "aggregator": self.device_id,
             "survivors": survivors,
-            "dropped": sorted(set(instance.members) - set(survivors)),
-            "aborted": len(survivors) < self.threshold,
+            "dropped": dropped,
+            "aborted": len(survivors) < self.threshold or bool(lopsided),
         }
         try:
             signed = self.declare(declaration)
@@ -652,17 +728,28 @@ class SecureEngine:
             return
         self_seeds = [combine_shares(sorted(instance.b_shares[j].items())[:t]) for j in survivors]
         pairwise: list[tuple[bytes, int]] = []
-        for j in dropped:  # each survivor k added sign(k, j)·PRG(m_kj); j's input is absent
-            s_private = combine_shares(sorted(instance.s_shares[j].items())[:t])
-            for k in survivors:
-                seed = mask_seed(
-                    s_private, self._s_public(k, round_, self.device_id), self.job_id, round_,
-                    self.device_id, j, k,
-                )  # fmt: skip
-                pairwise.append((seed, 1 if k < j else -1))
+        for k in dropped:  # each survivor j that masked with k added sign(j, k)·PRG(m_jk)
+            s_private = combine_shares(sorted(instance.s_shares[k].items())[:t])
+            for j in survivors:
+                if k in instance.masked_with[j]:
+                    seed = mask_seed(
+                        s_private, self._s_public(j, round_, self.device_id), self.job_id,
+                        round_, self.device_id, k, j,
+                    )  # fmt: skip
+                    pairwise.append((seed, 1 if j < k else -1))
         bits = self.fixed_point.modulus_bits
         total = add_mod([instance.inputs[j] for j in survivors], bits)
         plain = unmask(total, self_seeds, pairwise, bits)
+        n = len(survivors)
+        bound = n * self.fixed_point.level + 8 * self.algorithm.noise_std * n**0.5
+        if np.abs(self.fixed_point.to_signed(plain)).max(initial=0) > bound:
+            # A wrong share or a tampered input leaves uniform garbage, far outside the
+            # range a true sum can take: never mix it in.
+            log.warning("round %d: the unmasked sum is out of range (a wrong share or input);"
+                        " not mixed", round_)  # fmt: skip
+            self.stats.failed += 1
+            instance.done = True
+            return
         try:
             self.algorithm.absorb(
                 self.fixed_point.decode(plain), self._indices(round_, self.device_id)

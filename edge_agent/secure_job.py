@@ -9,7 +9,6 @@ the participant's enrolled Ed25519 identity key, and builds the
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 
@@ -19,44 +18,14 @@ from edge_agent.rest import CoordinatorClient
 from edge_agent.secagg.crypto import IdentityKey, JobKeys, ParsedBundle, verify_bundle
 from edge_agent.secure_engine import Directory, SecureEngine
 from edge_agent.transport.base import Transport
-from meshfl.aggregation import FixedPoint, SecureChoco
-from meshfl.aggregation.privacy import PrivacyOptions, secure_quantization_bits
+from meshfl.aggregation import SecureChoco
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import Assignment, SecAggDirectory
 from meshfl.errors import ConfigError, CoordinatorError, SecurityError
 
-__all__ = ["build_secure_engine", "fixed_point_for", "noise_std_steps"]
+__all__ = ["build_secure_engine"]
 
 log = logging.getLogger("meshfl.agent.secure")
-
-
-def fixed_point_for(
-    codec: str, options: PrivacyOptions, max_inputs: int
-) -> tuple[FixedPoint, float]:
-    """The job's fixed-point encoding and random-k density (raises ConfigError).
-
-    ``max_inputs`` is the largest neighbourhood; the modulus leaves room for the sum of
-    that many inputs and, with DP, for 8 standard deviations of the summed noise.
-    """
-    bits, density = secure_quantization_bits(codec)
-    level = 2 ** (bits - 1) - 1
-    step = options.secure_range / level
-    noise = noise_std_steps(options, step)
-    return FixedPoint.choose(options.secure_range, bits, max_inputs, noise), density
-
-
-def noise_std_steps(options: PrivacyOptions, step: float) -> float:
-    """Std of one member's integer DP noise, in grid steps (0 without DP).
-
-    ``local``: σC (each member's contribution is private on its own); ``distributed``:
-    σC/√t, so that any t surviving members' noise sums to at least σC (Kairouz, Liu &
-    Steinke, "The Distributed Discrete Gaussian Mechanism", ICML 2021, Section 4).
-    """
-    if not options.dp:
-        return 0.0
-    std = options.noise_multiplier * options.clip
-    if options.mode == "distributed":
-        std /= math.sqrt(options.threshold)
-    return std / step
 
 
 def _directory(reply: SecAggDirectory, rounds: int) -> Directory:
@@ -126,8 +95,7 @@ def build_secure_engine(
             f"the key directory's neighbourhood of {device_id} differs from its assignment"
         )
     largest = max((len(v) for v in directory.neighbourhoods.values()), default=1)
-    fixed_point, density = fixed_point_for(spec["codec"], options, largest)
-    step = fixed_point.step
+    fixed_point, density = options.fixed_point(spec["codec"], largest)
     algorithm = SecureChoco(
         params,
         neighbours,
@@ -136,7 +104,7 @@ def build_secure_engine(
         fixed_point=fixed_point,
         density=density,
         dp_clip=options.clip,
-        dp_noise_std=noise_std_steps(options, step),
+        dp_noise_std=options.noise_std_steps(fixed_point.step),
     )
     log.info(
         "secure aggregation: threshold %d, %d-bit fixed point in ±%g, modulus 2^%d%s",

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshfl.aggregation.secure import FixedPoint
 from meshfl.errors import ConfigError
 
 __all__ = [
@@ -42,6 +43,11 @@ DEFAULT_DP_DELTA = 1e-5
 
 DEFAULT_SECURE_RANGE = 1.0
 """±R: the fixed-point range of one coordinate of a masked contribution."""
+
+MIN_SIGMA, MAX_SIGMA = 0.01, 1e4
+"""The noise multipliers a job accepts (the accountant's ε is finite and meaningful)."""
+MIN_DELTA = 1e-12
+MAX_SECURE_RANGE = 1e6
 
 ROBUST_FORMS = "median, trimmed:BETA (0 <= BETA < 0.5), clipped-gossip"
 
@@ -219,8 +225,17 @@ class PrivacyOptions:
         mode = spec.get("dp_mode", "local")
         if sigma < 0 or clip < 0 or budget < 0:
             raise ConfigError("dp_noise_multiplier, dp_clip and dp_epsilon_budget must be >= 0")
-        if not 0 < delta < 1:
-            raise ConfigError(f"dp_delta must be in (0, 1), got {delta!r}")
+        if sigma and not MIN_SIGMA <= sigma <= MAX_SIGMA:
+            raise ConfigError(
+                f"dp_noise_multiplier must be in [{MIN_SIGMA:g}, {MAX_SIGMA:g}] (0: no DP), got"
+                f" {sigma!r}: below it ε is unbounded, above it nothing is learned"
+            )
+        if secure_range > MAX_SECURE_RANGE:
+            raise ConfigError(
+                f"secure_range must be at most {MAX_SECURE_RANGE:g}, got {secure_range!r}"
+            )
+        if not MIN_DELTA <= delta < 1:
+            raise ConfigError(f"dp_delta must be in [{MIN_DELTA:g}, 1), got {delta!r}")
         if mode not in ("local", "distributed"):
             raise ConfigError(f"dp_mode must be 'local' or 'distributed', got {mode!r}")
         robust_text = spec.get("robust")
@@ -244,8 +259,8 @@ class PrivacyOptions:
             )
         if self.dp and spec.get("keyframe_growth", 0.0):
             raise ConfigError(
-                "error-triggered keyframes would release the model outside the privacy"
-                " accounting: set keyframe_growth to 0 with differential privacy"
+                "error-triggered keyframes cannot repair a DP replica (under DP a keyframe"
+                " re-sends the public replica, not the model): set keyframe_growth to 0"
             )
         if self.mode == "distributed" and self.dp and not self.secure:
             raise ConfigError(
@@ -280,13 +295,41 @@ class PrivacyOptions:
             )
         secure_quantization_bits(str(spec.get("codec", "identity")))
 
-    def check_degrees(self, degrees: Mapping[str, int]) -> None:
-        """Refuse a threshold larger than some device's neighbourhood.
+    def noise_std_steps(self, step: float) -> float:
+        """Std of one member's integer DP noise in grid steps of size ``step`` (0: no DP).
 
+        ``local``: σC (each contribution is private on its own); ``distributed``: σC/√t,
+        so that any t surviving members' noise sums to at least σC (Kairouz, Liu &
+        Steinke, "The Distributed Discrete Gaussian Mechanism", ICML 2021, Section 4).
+        """
+        if not self.dp:
+            return 0.0
+        std = self.noise_multiplier * self.clip
+        if self.mode == "distributed":
+            std /= math.sqrt(self.threshold)
+        return std / step
+
+    def fixed_point(self, codec: str, max_inputs: int) -> tuple[FixedPoint, float]:
+        """The job's fixed-point encoding and random-k density.
+
+        For neighbourhoods of at most ``max_inputs`` members: the modulus 2^b is the
+        smallest that holds their sum and 8 standard deviations of their DP noise.
+        Raises ConfigError when no modulus up to 2^62 does.
+        """
+        bits, density = secure_quantization_bits(codec)
+        step = self.secure_range / (2 ** (bits - 1) - 1)
+        noise = self.noise_std_steps(step)
+        return FixedPoint.choose(self.secure_range, bits, max_inputs, noise), density
+
+    def check_degrees(self, degrees: Mapping[str, int], codec: str = "identity") -> None:
+        """Refuse a threshold above some device's degree, or an encoding that could overflow.
+
+        An encoding overflows when no modulus up to 2^62 holds a neighbourhood's sum.
         ``degrees`` maps device id → number of neighbours. Raises ConfigError.
         """
         if not self.secure or not degrees:
             return
+        self.fixed_point(codec, max(degrees.values()))
         smallest = min(degrees.values())
         if self.threshold > smallest:
             device = min(degrees, key=lambda d: (degrees[d], d))

@@ -170,6 +170,11 @@ class SecureChoco:
         return int(self._x0.size)
 
     @property
+    def noise_std(self) -> float:
+        """Std of the integer DP noise per coordinate of a contribution, in grid steps."""
+        return self._dp_noise_std
+
+    @property
     def index_count(self) -> int:
         """k, the coordinates of one contribution: n, or max(1, round(density·n))."""
         n = self.flat_size

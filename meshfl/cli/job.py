@@ -262,6 +262,7 @@ def status(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> No
             + (f"  alone in rounds {_ranges(d['isolated_rounds'])}" if d["isolated_rounds"] else "")
             + (f"  joined at round {d['joined_round']}" if d["joined_round"] > 1 else "")
             + (f"  {_why_out(d)}" if d["error"] else "")
+            + (f"  ε spent {d['epsilon_spent']:.3g}" if d.get("epsilon_spent") else "")
         )
     for r in client.rounds(job_id):
         typer.echo(_line(r))
@@ -334,6 +335,10 @@ def _summary(job: JobPublic, rounds: list[RoundSummary]) -> None:
             f" directory as {job['job_id']}/NAME/; with --publish-model, the consensus is at"
             f" GET /api/v1/jobs/{job['job_id']}/artifacts/consensus.onnx"
         )
+    spent = [e for d in job["devices"] if (e := d.get("epsilon_spent"))]
+    if spent:
+        delta = job["spec"].get("dp_delta", 1e-5)
+        typer.echo(f"ε spent per device {min(spent):.3g}–{max(spent):.3g} at δ = {delta:g}")
     if job["status"] == "failed":
         typer.echo("no device finished the job: see the reasons above", err=True)
 

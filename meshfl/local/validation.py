@@ -6,12 +6,14 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES
 from meshfl.errors import ConfigError
 from meshfl.local.fleet import validate_fleet
 
 if TYPE_CHECKING:
     from meshfl.local.run import LocalConfig
+    from meshfl.topology import Graph
 
 __all__ = ["MAX_AGENTS", "is_graph_file", "topology_fields", "validate"]
 
@@ -48,9 +50,16 @@ def validate(config: LocalConfig) -> None:
     from meshfl.codecs import parse_codec
 
     parse_codec(config.codec)
-    _validate_privacy(config)
+    privacy = _validate_privacy(config)
     _validate_hidden(config.hidden)
-    _validate_topology(config)
+    graph = _validate_topology(config)
+    if graph is not None:  # a threshold above some degree: refused before anything starts
+        degrees = {f"device-{k}": graph.degree(k) for k in range(config.agents)}
+        try:
+            privacy.check_degrees(degrees, config.codec)
+        except ConfigError as exc:
+            raise ConfigError(f"--secure-aggregation {config.secure_aggregation}: {exc}") from None
+        _validate_budget(config, privacy, max(degrees.values(), default=1))
     _validate_rounds(config)
     validate_fleet(config)
     if config.agents + len(config.join_at) > MAX_AGENTS:
@@ -101,8 +110,11 @@ def topology_fields(topology: str) -> dict[str, Any]:
     return {"topology": "custom", "custom_graph": {"n": graph.n, "edges": sorted(graph.edges)}}
 
 
-def _validate_topology(config: LocalConfig) -> None:
-    """A known kind buildable with its parameters, or a JSON edge list of --agents nodes."""
+def _validate_topology(config: LocalConfig) -> Graph | None:
+    """A known kind buildable with its parameters, or a JSON edge list of --agents nodes.
+
+    Returns the graph of a known kind (``None`` for an edge list, checked at the start).
+    """
     from meshfl.topology import MIXING_RULES, build_graph
 
     if config.mixing not in MIXING_RULES:
@@ -117,9 +129,9 @@ def _validate_topology(config: LocalConfig) -> None:
                 f"--topology {config.topology}: the graph has {n} nodes but --agents is"
                 f" {config.agents}; make them equal"
             )
-        return
+        return None
     try:
-        build_graph(
+        return build_graph(
             config.topology,
             config.agents,
             degree=config.topology_degree,
@@ -162,10 +174,8 @@ def _validate_rounds(config: LocalConfig) -> None:
         raise ConfigError(f"--min-battery must be in [0, 100] (got {config.min_battery_percent})")
 
 
-def _validate_privacy(config: LocalConfig) -> None:
+def _validate_privacy(config: LocalConfig) -> PrivacyOptions:
     """Refuse privacy options that cannot work, with the same reasons as the REST API."""
-    from meshfl.aggregation.privacy import PrivacyOptions
-
     fields = {
         "algorithm": config.algorithm,
         "codec": config.codec,
@@ -184,10 +194,30 @@ def _validate_privacy(config: LocalConfig) -> None:
     if config.robust:
         fields["robust"] = config.robust
     try:
-        PrivacyOptions.from_spec(fields)
+        return PrivacyOptions.from_spec(fields)
     except ConfigError as exc:  # name the options, not the spec fields
         message = str(exc)
         for key in ("secure_aggregation", "secure_range", "dp_noise_multiplier", "dp_clip",
                     "dp_mode", "dp_delta", "dp_epsilon_budget", "keyframe_growth"):  # fmt: skip
             message = message.replace(key, "--" + key.replace("_", "-"))
         raise ConfigError(message) from None
+
+
+def _validate_budget(config: LocalConfig, privacy: PrivacyOptions, degree: int) -> None:
+    """Refuse a run whose planned releases alone would cross ``--dp-epsilon-budget``.
+
+    The fleet's devices are new, so this is the coordinator's start check without
+    earlier spends, made before anything starts.
+    """
+    if not privacy.dp or privacy.epsilon_budget <= 0:
+        return
+    from coordinator.privacy import epsilon
+
+    releases = config.rounds * (degree if privacy.secure else 1)
+    planned = epsilon([(privacy.noise_multiplier, releases)], privacy.delta)
+    if planned > privacy.epsilon_budget:
+        raise ConfigError(
+            f"--dp-epsilon-budget {privacy.epsilon_budget:g}: {config.rounds} rounds"
+            f" ({releases} releases) would spend ε = {planned:.3g} at δ = {privacy.delta:g};"
+            " use fewer --rounds, a larger --dp-noise-multiplier or a larger budget"
+        )

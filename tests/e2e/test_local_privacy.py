@@ -46,11 +46,13 @@ def test_privacy_options_that_cannot_work_are_refused_before_anything_starts(
     out = str(tmp_path / "run")
     assert_one_line_error(
         meshfl("local", "--secure-aggregation", "2", "--codec", "topk:0.1", "--out", out),
-        "topk", "randk",
+        "topk",
+        "randk",
     )
     assert_one_line_error(
         meshfl("local", "--secure-aggregation", "2", "--robust", "median", "--out", out),
-        "median", "secure aggregation",
+        "median",
+        "secure aggregation",
     )
     assert_one_line_error(
         meshfl("local", "--dp-mode", "distributed", "--dp-noise-multiplier", "1",
@@ -66,4 +68,11 @@ def test_a_job_past_the_privacy_budget_is_refused_at_the_start(tmp_path: Path) -
                   "--dp-clip", "1", "--dp-epsilon-budget", "2", "--out", str(tmp_path / "r"),
                   timeout=240)  # fmt: skip
 
-    assert_one_line_error(proc, "dp_epsilon_budget")
+    assert_one_line_error(proc, "--dp-epsilon-budget 2", "ε =")
+
+
+def test_a_threshold_above_the_degree_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc = meshfl("local", "--agents", "3", "--secure-aggregation", "3",
+                  "--out", str(tmp_path / "r"))  # fmt: skip
+
+    assert_one_line_error(proc, "threshold 3 exceeds the 2 neighbours")

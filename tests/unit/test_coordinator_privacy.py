@@ -361,8 +361,20 @@ def test_start_refuses_a_job_that_would_push_a_device_past_its_budget(fleet: Fle
 
     assert refused.status_code == 409, refused.text
     assert f"device {ids[0]!r}" in refused.json()["detail"]
-    assert "past dp_epsilon_budget 13" in refused.json()["detail"]
+    assert "past its ε budget 13" in refused.json()["detail"]
     assert fleet.start(roomy).status_code == 200
+
+
+def test_a_later_job_cannot_raise_a_devices_budget(fleet: Fleet) -> None:
+    capped, ids = fleet.running(**DP, rounds=5, dp_epsilon_budget=13.0)
+    assert fleet.spend(capped, ids[0], 1, releases=3).status_code == 200
+    fleet.client.post(f"{API}/jobs/{capped}/stop", headers=ADMIN_H)
+    generous = fleet.create(devices=4, **DP, rounds=5, dp_epsilon_budget=100.0)
+    refused = fleet.start(generous)  # 3 spent + 5 planned > 13, whatever this job says
+
+    assert refused.status_code == 409, refused.text
+    assert "past its ε budget 13" in refused.json()["detail"]
+    assert fleet.privacy(ids[0]).json()["epsilon_budget"] == 13.0
 
 
 def test_secure_dp_jobs_project_one_release_per_neighbour(fleet: Fleet) -> None:

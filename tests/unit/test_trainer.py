@@ -161,12 +161,14 @@ def test_slowdown_does_not_change_the_arithmetic(digits):
 
 
 def test_slowed_throughput_is_measured_through_the_same_steps(digits, monkeypatch):
+    import threading
     import time
 
-    real_sleep, sleeps = time.sleep, []
+    real_sleep, sleeps, me = time.sleep, [], threading.get_ident()
 
     def recording_sleep(seconds: float) -> None:
-        sleeps.append(seconds)
+        if threading.get_ident() == me:  # time.sleep is global: other tests' threads sleep too
+            sleeps.append(seconds)
         real_sleep(seconds)
 
     monkeypatch.setattr("edge_agent.trainer.time.sleep", recording_sleep)
