@@ -17,7 +17,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator import budget, churn, planning, store
+from coordinator import budget, churn, planning, secagg, store
 from coordinator.control import Control
 from coordinator.db import Device, Job, JobDevice
 from coordinator.errors import Conflict
@@ -136,6 +136,8 @@ def start_job(
         "plan": planning.with_no_wait(spec, planning.device_plans(spec, chosen), graph, chosen),
         "sit_out": sit_out,
     }
+    if options.secure:  # the secure-aggregation neighbourhoods never change (docs/privacy.md)
+        job.topology["secure_neighbourhoods"] = secagg.neighbourhoods(job)
     for index, device in enumerate(chosen):
         session.add(
             JobDevice(

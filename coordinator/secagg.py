@@ -216,8 +216,17 @@ def put_bundle(session: Session, job: Job, device: Device, bundle: KeyBundle, no
 
 
 def neighbourhoods(job: Job) -> dict[str, list[str]]:
-    """Each current device's sorted neighbour ids N(i) in the job's current topology."""
+    """Each device's sorted neighbour ids N(i).
+
+    A secure job's neighbourhoods are those of its start, kept in the topology as
+    ``secure_neighbourhoods``: a device that leaves stays in its neighbours'
+    neighbourhoods (they declare it dropped), so every key bundle and declaration is
+    checked against the graph the agents use.
+    """
     topo: dict[str, Any] = job.topology or {}
+    fixed = topo.get("secure_neighbourhoods")
+    if fixed is not None:
+        return {d: list(peers) for d, peers in fixed.items()}
     ids = list(topo.get("devices", []))
     out: dict[str, set[str]] = {d: set() for d in ids}
     for i, j in topo.get("edges", []):
