@@ -100,6 +100,12 @@ class LocalConfig:
 
 DEFAULTS = LocalConfig()
 
+PRIVACY_FIELDS = (
+    "secure_aggregation", "secure_range", "dp_noise_multiplier", "dp_clip", "dp_mode",
+    "dp_delta", "dp_epsilon_budget", "robust",
+)  # fmt: skip
+"""The privacy options: LocalConfig fields with the JobSpec fields' names (issue 5)."""
+
 
 @dataclass
 class LocalRun:
@@ -452,14 +458,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "uplink_budget_s": config.uplink_budget_s,
         "min_battery_percent": config.min_battery_percent,
         "elastic": config.elastic or bool(config.join_at),
-        "secure_aggregation": config.secure_aggregation,
-        "secure_range": config.secure_range,
-        "dp_noise_multiplier": config.dp_noise_multiplier,
-        "dp_clip": config.dp_clip,
-        "dp_mode": config.dp_mode,
-        "dp_delta": config.dp_delta,
-        "dp_epsilon_budget": config.dp_epsilon_budget,
-        "robust": config.robust,
+        **{key: getattr(config, key) for key in PRIVACY_FIELDS},
     }
     for key, value in optional.items():
         if value != getattr(DEFAULTS, key) and value is not None:

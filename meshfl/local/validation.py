@@ -176,29 +176,22 @@ def _validate_rounds(config: LocalConfig) -> None:
 
 def _validate_privacy(config: LocalConfig) -> PrivacyOptions:
     """Refuse privacy options that cannot work, with the same reasons as the REST API."""
-    fields = {
-        "algorithm": config.algorithm,
-        "codec": config.codec,
-        "mode": config.mode,
-        "elastic": config.elastic or bool(config.join_at),
-        "topology": config.topology,
-        "keyframe_growth": config.keyframe_growth,
-        "secure_aggregation": config.secure_aggregation,
-        "secure_range": config.secure_range,
-        "dp_noise_multiplier": config.dp_noise_multiplier,
-        "dp_clip": config.dp_clip,
-        "dp_mode": config.dp_mode,
-        "dp_delta": config.dp_delta,
-        "dp_epsilon_budget": config.dp_epsilon_budget,
-    }
-    if config.robust:
-        fields["robust"] = config.robust
+    from meshfl.local.run import PRIVACY_FIELDS
+
+    fields: dict[str, Any] = {key: getattr(config, key) for key in PRIVACY_FIELDS}
+    fields.update(
+        algorithm=config.algorithm,
+        codec=config.codec,
+        mode=config.mode,
+        elastic=config.elastic or bool(config.join_at),
+        topology=config.topology,
+        keyframe_growth=config.keyframe_growth,
+    )
     try:
         return PrivacyOptions.from_spec(fields)
     except ConfigError as exc:  # name the options, not the spec fields
         message = str(exc)
-        for key in ("secure_aggregation", "secure_range", "dp_noise_multiplier", "dp_clip",
-                    "dp_mode", "dp_delta", "dp_epsilon_budget", "keyframe_growth"):  # fmt: skip
+        for key in (*PRIVACY_FIELDS, "keyframe_growth"):
             message = message.replace(key, "--" + key.replace("_", "-"))
         raise ConfigError(message) from None
 
