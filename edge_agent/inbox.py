@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_agent.mailbox import Mailbox
 from meshfl.aggregation import GossipAlgorithm
 from meshfl.errors import MeshflError
 from meshfl.wire import Envelope, MessageKind, Reassembler, parse_topic
@@ -46,7 +46,7 @@ class EngineStats:
     rejected_reasons: list[str] = field(default_factory=list)
 
 
-class Inbox:
+class Inbox(Mailbox):
     """Receive state of one device in one job (see the module docstring).
 
     Parameters
@@ -80,10 +80,9 @@ class Inbox:
         self.device_id = device_id
         self.peers: set[str] = set(peers)
         self.algorithm = algorithm
-        self.clock = clock
+        super().__init__(clock)
         self.stats = EngineStats()
         self.control: list[dict[str, Any]] = []
-        self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
         self._last_seq: dict[str, int] = {}
@@ -126,30 +125,9 @@ class Inbox:
         if self._started:
             self._publish_status()
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        # Runs on the transport's network thread: do nothing but hand over.
-        self._inbox.put((topic, payload))
-
-    def _wait_one(self, deadline: float) -> bool:
-        """Handle one incoming message, waiting until ``deadline``; False once it passed."""
-        remaining = deadline - self.clock()
-        if remaining <= 0:
-            return False
-        try:
-            topic, payload = self._inbox.get(timeout=min(remaining, 0.25))
-        except queue.Empty:
-            return True
-        self._handle(topic, payload)
-        return True
-
     def drain(self) -> None:
         """Handle whatever already arrived without waiting (late messages, statuses)."""
-        while True:
-            try:
-                topic, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(topic, payload)
+        self._drain_queue()
 
     def _fresh(self, peer: str, round_: int) -> bool:
         return (
@@ -170,12 +148,6 @@ class Inbox:
                     self._on_envelope(info.device, decode_envelope(message))
         except MeshflError as exc:
             self._reject(f"dropped a message on {topic}: {exc}")
-
-    def _reject(self, reason: str) -> None:
-        self.stats.rejected += 1
-        if len(self.stats.rejected_reasons) < 20:
-            self.stats.rejected_reasons.append(reason)
-        log.warning("%s", reason)
 
     def _on_control(self, payload: bytes) -> None:
         try:

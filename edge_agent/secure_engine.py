@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from edge_agent.mailbox import Mailbox
 from edge_agent.secagg.crypto import (
     JobKeys,
     ParsedBundle,
@@ -147,7 +147,7 @@ class _Instance:
     done: bool = False
 
 
-class SecureEngine:
+class SecureEngine(Mailbox):
     """Run the secure rounds of one job on one device (see the module docstring).
 
     Parameters
@@ -178,6 +178,8 @@ class SecureEngine:
 
     """
 
+    logger = log
+
     def __init__(
         self,
         *,
@@ -207,7 +209,7 @@ class SecureEngine:
         self.deadline_s = deadline_s
         self.max_payload = max_payload
         self.rng = rng
-        self.clock = clock
+        super().__init__(clock)
         self.threshold = directory.threshold
         self.neighbours: tuple[str, ...] = directory.neighbourhoods.get(device_id, ())
         # Everyone this device exchanges messages with: its neighbours and their other
@@ -218,7 +220,6 @@ class SecureEngine:
         self.stats = SecureStats()
         self.holder = ShareHolder(device_id)
         self.control: list[dict[str, Any]] = []  # the job runner reads it like GossipEngine's
-        self._queue: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._sequence = 0
         self._seen: dict[str, set[int]] = {}  # sender -> sequence numbers handled
@@ -309,9 +310,12 @@ class SecureEngine:
         self._forget(round_)
         return self.algorithm.mix(x), missing
 
-    def drain(self) -> None:
-        """Handle what already arrived (late inputs, requests) without waiting."""
-        self._wait_one(self.clock() + 1e-3)
+    def drain(self, timeout_s: float = 0.0) -> None:
+        """Handle what arrives within ``timeout_s`` seconds (late inputs, requests)."""
+        deadline = self.clock() + timeout_s
+        while self._wait_one(deadline):
+            pass
+        self._drain_queue()
         self._serve_requests()
 
     def _missing(self, instance: _Instance) -> list[str]:
@@ -471,26 +475,6 @@ class SecureEngine:
             self._share_keys[peer] = key
         return key
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        self._queue.put((topic, payload))  # the network thread only hands over
-
-    def _wait_one(self, deadline: float) -> bool:
-        """Handle what arrived, waiting up to ``deadline``; False once it passed."""
-        remaining = deadline - self.clock()
-        if remaining <= 0:
-            return False
-        try:
-            topic, payload = self._queue.get(timeout=min(remaining, 0.05))
-        except queue.Empty:
-            return True
-        self._handle(topic, payload)
-        while True:
-            try:
-                topic, payload = self._queue.get_nowait()
-            except queue.Empty:
-                return True
-            self._handle(topic, payload)
-
     def _handle(self, topic: str, payload: bytes) -> None:
         try:
             info = parse_topic(topic)
@@ -502,12 +486,6 @@ class SecureEngine:
                     self._on_envelope(info.peer, decode_envelope(message))
         except (MeshflError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._reject(f"dropped a message on {topic}: {type(exc).__name__}: {exc}")
-
-    def _reject(self, reason: str) -> None:
-        self.stats.rejected += 1
-        if len(self.stats.rejected_reasons) < 20:
-            self.stats.rejected_reasons.append(reason)
-        log.warning("%s", reason)
 
     def _on_status(self, device: str | None, payload: bytes) -> None:
         if device is None or device not in self.correspondents:

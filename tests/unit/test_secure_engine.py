@@ -160,7 +160,7 @@ def test_a_masked_input_after_its_sender_was_declared_dropped_is_ignored(
     run_rounds(devices, 1)
     threading.Event().wait(1.5)  # let the late inputs arrive
     for device in devices.values():
-        device.engine.drain()
+        device.engine.drain(0.3)
 
     for name in set(devices) - {late}:
         device = devices[name]
@@ -192,7 +192,7 @@ def test_a_request_with_a_forged_declaration_is_rejected(bus: MemoryBroker) -> N
     }
     forger.engine._send_body("dev-0", 1, body)  # fmt: skip
     rejected = victim.engine.stats.rejected
-    victim.engine.drain()
+    victim.engine.drain(0.5)
 
     assert victim.engine.stats.rejected == rejected + 1
     assert "signature" in victim.engine.stats.rejected_reasons[-1]
