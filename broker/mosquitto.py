@@ -7,15 +7,22 @@ of trusting distribution defaults (Debian's ``/etc/mosquitto/mosquitto.conf`` di
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from broker.ports import free_port, port_in_use, wait_for_port
 from meshfl.errors import ConfigError, TransportError
+
+if TYPE_CHECKING:
+    from broker.passwords import PasswordFile
+    from broker.secure import SecureBrokerFiles
 
 __all__ = ["MosquittoProcess", "find_mosquitto", "mosquitto_config"]
 
@@ -138,6 +145,12 @@ class MosquittoProcess:
         Holds ``mosquitto.conf``, ``mosquitto.log`` and the ``persistence/`` directory.
     start_timeout_s : float, default 10.0
         Seconds :meth:`start` waits for the port to accept connections.
+    fleet : str or None
+        None (default): the anonymous loopback configuration (:func:`mosquitto_config`).
+        A fleet id: the fleet setup of :func:`broker.secure.write_secure_broker` in
+        ``workdir`` — a TLS-only listener (``url`` is ``mqtts://``; agents trust
+        :attr:`ca_file`), logins from the initially empty password file (add them with
+        :meth:`password_file`) and the fleet's ACL. The pid goes to ``workdir/mosquitto.pid``.
 
     Raises
     ------
@@ -148,18 +161,47 @@ class MosquittoProcess:
 
     """
 
-    def __init__(self, port: int | None = None, *, workdir: Path, start_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        workdir: Path,
+        start_timeout_s: float = 10.0,
+        fleet: str | None = None,
+    ):
         self.port = free_port() if port is None else port
         self.workdir = Path(workdir)
         self.start_timeout_s = start_timeout_s
+        self.fleet = fleet
         self.conf_path = self.workdir / "mosquitto.conf"
         self.log_path = self.workdir / "mosquitto.log"
+        self.pid_path = self.workdir / "mosquitto.pid"
+        self.secure_files: SecureBrokerFiles | None = None
+        """With ``fleet``: the TLS material, password file and ACL (set by :meth:`start`)."""
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``mqtt://127.0.0.1:PORT``."""
-        return f"mqtt://127.0.0.1:{self.port}"
+        """``mqtt://127.0.0.1:PORT``, or ``mqtts://127.0.0.1:PORT`` with ``fleet`` (TLS)."""
+        return f"{'mqtts' if self.fleet else 'mqtt'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA certificate agents must trust (only with ``fleet``)."""
+        if self.secure_files is None:
+            raise ConfigError("this Mosquitto runs without TLS; pass fleet= for the secure setup")
+        return self.secure_files.tls.ca_cert
+
+    def password_file(self) -> PasswordFile:
+        """The broker's :class:`~broker.passwords.PasswordFile`, reloading this process on change.
+
+        Only with ``fleet`` (the secure setup), after :meth:`start`.
+        """
+        from broker.passwords import PasswordFile, sighup_reloader
+
+        if self.secure_files is None:
+            raise ConfigError("this Mosquitto has no password file; pass fleet= and start() it")
+        return PasswordFile(self.secure_files.password_file, sighup_reloader(self.pid_path))
 
     @property
     def running(self) -> bool:
@@ -176,25 +218,55 @@ class MosquittoProcess:
         persistence = self.workdir / "persistence"
         persistence.mkdir(parents=True, exist_ok=True)
         root = hasattr(os, "geteuid") and os.geteuid() == 0
-        self.conf_path.write_text(
-            mosquitto_config(
-                self.port,
-                persistence_dir=persistence,
-                log_file=self.log_path,
-                run_as_user="root" if root else None,
+        if self.fleet is None:
+            self.conf_path.write_text(
+                mosquitto_config(
+                    self.port,
+                    persistence_dir=persistence,
+                    log_file=self.log_path,
+                    run_as_user="root" if root else None,
+                )
             )
-        )
+        else:
+            from broker.secure import write_secure_broker
+
+            self.secure_files = write_secure_broker(
+                self.workdir, self.fleet, port=self.port, host="127.0.0.1",
+                log_file=self.log_path.resolve(), run_as_user="root" if root else None,
+            )  # fmt: skip
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._proc = subprocess.Popen(
             [executable, "-c", str(self.conf_path)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        # The anonymous config names no pid_file (the secure one does): write it here.
+        self.pid_path.write_text(f"{self._proc.pid}\n")
         if not wait_for_port("127.0.0.1", self.port, self.start_timeout_s) or not self.running:
             self.kill()
             raise TransportError(
                 f"mosquitto did not listen on 127.0.0.1:{self.port}: {self._log_tail()}"
             )
+        if self.fleet is not None and not self._logged_running(log_offset):
+            self.kill()
+            raise TransportError(f"mosquitto did not finish starting: {self._log_tail()}")
+
+    def _logged_running(self, offset: int) -> bool:
+        """Wait until the log says "running": its signal handlers are set from then on.
+
+        A SIGHUP (a password file reload) that comes before would kill Mosquitto, and the
+        port accepts connections a little earlier than that. The secure config logs at
+        the information level, which has the line.
+        """
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline and self.running:
+            with contextlib.suppress(OSError), self.log_path.open("rb") as log:
+                log.seek(offset)
+                if b" running" in log.read():
+                    return True
+            time.sleep(0.01)
+        return False
 
     def _log_tail(self) -> str:
         try:

@@ -2,61 +2,50 @@
 
 Nothing happens at import time. ``create_app`` opens the engine, migrates the store to
 the latest schema (Alembic ``upgrade head``), mounts one router per resource under
-``/api/v1`` (``/healthz`` at the root) and maps the store's errors to HTTP statuses,
-each answered as ``{"detail": "<one line: the problem and the fix>"}``.
+``/api/v1`` (``/healthz``, ``/readyz`` and Prometheus ``/metrics`` at the root,
+:mod:`coordinator.metrics`) and answers every error as RFC 9457 problem
+details whose ``detail`` is one line naming the problem and the fix
+(:mod:`coordinator.problems`); requests are rate limited per identity
+(:mod:`coordinator.ratelimit`).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, status
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
-from coordinator import migrate, secagg
+from coordinator import migrate, problems, secagg
 from coordinator.artifacts import ArtifactStore
+from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Control, Publish
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.errors import Conflict, Forbidden, NotFound
-from coordinator.routers import artifacts, devices, health, jobs, privacy
+from coordinator.db import THREADS, make_engine, make_sessionmaker
+from coordinator.liveness import Liveness
+from coordinator.metrics import CoordinatorMetrics, RequestMetrics
+from coordinator.ratelimit import RateLimit
+from coordinator.routers import (
+    artifacts,
+    devices,
+    enrolment_tokens,
+    health,
+    heartbeat,
+    jobs,
+    privacy,
+    tokens,
+    topology,
+)
 from coordinator.settings import CoordinatorSettings
 from meshfl import __version__
 from meshfl.contract import API_PREFIX
-from meshfl.errors import ConfigError, MeshflError
+from meshfl.errors import ConfigError
 
 __all__ = ["create_app"]
-
-_STATUS: list[tuple[type[MeshflError], int]] = [
-    (NotFound, status.HTTP_404_NOT_FOUND),
-    (Conflict, status.HTTP_409_CONFLICT),
-    (Forbidden, status.HTTP_403_FORBIDDEN),
-    (ConfigError, 422),
-]
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-async def _meshfl_error(_request: Request, exc: Exception) -> JSONResponse:
-    code = next((c for kind, c in _STATUS if isinstance(exc, kind)), 500)
-    return JSONResponse({"detail": _one_line(str(exc))}, status_code=code)
-
-
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    parts = [
-        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors
-    ]
-    detail = "invalid request: " + "; ".join(parts) + " (fix these fields and retry)"
-    return JSONResponse({"detail": _one_line(detail)}, status_code=422)
-
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body accepted (bytes); a round report with a 4096-entry sketch is ~100 KB."""
@@ -81,33 +70,62 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _too_large(send, self.max_bytes)
+            await _too_large(send, scope, self.max_bytes)
             return
-        seen = 0
-
-        async def limited() -> Any:
-            nonlocal seen
+        # A streamed (chunked) body is read here, at most max_bytes, before the app sees
+        # it: an error raised from inside the app's body read would become FastAPI's 400.
+        body = bytearray()
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await _too_large(send, scope, self.max_bytes)
+                return
+            if not message.get("more_body", False):
+                break
+        pending = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(send, self.max_bytes)
+        async def replay() -> Any:
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+async def _too_large(send: Any, scope: Any, max_bytes: int) -> None:
+    detail = f"request body over {max_bytes} bytes; send less"
+    await problems.send_problem(send, 413, detail, scope.get("path", ""))
 
 
-async def _too_large(send: Any, max_bytes: int) -> None:
-    body = json.dumps({"detail": f"request body over {max_bytes} bytes; send less"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
+MAX_CONCURRENT_REQUESTS = THREADS * 3 // 4
+"""Requests inside the app at once; more wait in the event loop.
+
+Fewer than the sync-route threads (:data:`coordinator.db.THREADS`, which the connection
+pool matches): a request holding a database connection always finds a thread for its
+session's teardown, and a thread always finds a connection, so bursts queue instead of
+deadlocking into pool timeouts.
+"""
+
+
+class ConcurrencyLimit:
+    """ASGI middleware admitting at most ``limit`` HTTP requests at a time (FIFO wait)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self._slots: asyncio.Semaphore | None = None  # one per event loop (tests run several)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._loop is not loop:
+            self._slots, self._loop = asyncio.Semaphore(self.limit), loop
+        async with self._slots:
+            await self.app(scope, receive, send)
 
 
 def create_app(
@@ -115,6 +133,7 @@ def create_app(
     publish: Publish | None = None,
     *,
     clock: Callable[[], float] = time.time,
+    broker_accounts: BrokerAccounts | None = None,
 ) -> FastAPI:
     """Build the coordinator's FastAPI app.
 
@@ -130,6 +149,10 @@ def create_app(
     clock : callable, optional
         Returns the current time in unix seconds; default :func:`time.time`. Tests pass
         a fake clock to move time (stale-device rule, elapsed times).
+    broker_accounts : BrokerAccounts, optional
+        The broker's login table (:mod:`coordinator.brokerauth`): enrolment adds a login
+        for the new device (username = device id, a fresh password returned once) and
+        revocation removes it. ``None`` (default): no broker logins are managed.
 
     Returns
     -------
@@ -153,7 +176,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        flusher = asyncio.create_task(liveness.flush_every(settings.heartbeat_flush_s))
         yield
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
+        liveness.flush()  # heartbeats of the last interval are not lost
         engine.dispose()
 
     from fastapi_offline import FastAPIOffline
@@ -168,16 +196,26 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.liveness = liveness = Liveness(app.state.sessionmaker)
     app.state.signing_key = secagg.load_signing_key(app.state.sessionmaker, clock())
     app.state.clock = clock
+    app.state.broker_accounts = broker_accounts
     app.state.control = Control(fleet=settings.fleet, publish=publish)
     app.state.artifacts = ArtifactStore(settings.artifacts_path(), settings.max_model_bytes)
+    app.add_middleware(ConcurrencyLimit, limit=MAX_CONCURRENT_REQUESTS)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, exempt=artifacts.UPLOAD_PATH)
-    app.add_exception_handler(MeshflError, _meshfl_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(RateLimit, settings=settings)  # before any body is read
+    app.state.metrics = CoordinatorMetrics(app.state.sessionmaker, settings, clock)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: 413s, 429s
+    problems.install(app)
     app.include_router(health.router)
     app.include_router(devices.router, prefix=API_PREFIX)
+    app.include_router(heartbeat.router, prefix=API_PREFIX)
     app.include_router(jobs.router, prefix=API_PREFIX)
     app.include_router(artifacts.router, prefix=API_PREFIX)
     app.include_router(privacy.router, prefix=API_PREFIX)
+    app.include_router(topology.router, prefix=API_PREFIX)
+    app.include_router(tokens.router, prefix=API_PREFIX)
+    app.include_router(enrolment_tokens.router, prefix=API_PREFIX)
+    problems.document(app)  # after every router: the problem statuses in the OpenAPI
     return app

@@ -34,6 +34,7 @@ from coordinator.planning import (
     graph_for,
     graph_of,
     mixing,
+    selects,
     uplinks,
     with_no_wait,
 )
@@ -87,7 +88,8 @@ def replan(
     session : Session
         The request's session; committed here.
     job : Job
-        A running job (anything else is left unchanged).
+        A running or paused job (anything else is left unchanged); a paused job only
+        loses devices (an operator drained or revoked them).
     now : float
         Unix seconds, the events' ``at``.
     add : sequence of Device, optional
@@ -111,7 +113,7 @@ def replan(
     with control.lock:
         session.flush()
         session.refresh(job, with_for_update=True)  # another request may have changed it
-        if job.status != "running" or job.topology is None:
+        if job.status not in store.ACTIVE_STATUSES or job.topology is None:
             return []
         before = int(job.topology.get("version", 1))
         added = _apply(session, job, now, list(add or ()), dict(remove or {}))
@@ -284,15 +286,18 @@ def battery_departure(job: Job, row: JobDevice, device: Device) -> str | None:
 def elastic_job(session: Session, device: Device) -> Job | None:
     """The running job an idle ``device`` may join now, latest started first, or ``None``.
 
-    The job's spec sets ``elastic``; the device never took part in it; the change would
-    apply from a round within ``spec.rounds``; and the device is not low on battery by the
-    job's ``min_battery_percent``.
+    The job's spec sets ``elastic``; the device never took part in it and matches the
+    job's ``select`` (:func:`coordinator.planning.selects`); the change would apply from a
+    round within ``spec.rounds``; and the device is not low on battery by the job's
+    ``min_battery_percent``.
     """
     for job in store.running_jobs(session):
         spec = job.spec
         if not spec.get("elastic") or job.topology is None:
             continue
         if session.get(JobDevice, (job.id, device.id)) is not None:
+            continue
+        if not selects(spec.get("select", {}), device):
             continue
         if next_from_round(session, job) > int(spec["rounds"]):
             continue

@@ -7,6 +7,9 @@ and when a job ends, the coordinator publishes one retained JSON message on
     {"job": "job-…", "version": 3, "from_round": 9, "kind": "ring",
      "devices": ["dev-a", …], "W": [[…], …], "status": "running"}
 
+A pause and a resume are announced too (same version, ``status`` ``"paused"`` with
+``"pause_round"``: the first round held back, then ``"running"`` again).
+
 ``kind`` is the topology kind, ``devices`` the version's devices by position in ``W``
 (row-major, float64 values). Retained, so an agent that subscribes late still gets the
 latest version; agents also poll ``GET /devices/{id}/assignment`` every round, so a lost
@@ -46,6 +49,7 @@ def control_payload(job: Job) -> dict[str, Any]:
         "devices": list(topo.get("devices", [])),
         "W": topo.get("W", []),
         "status": job.status,
+        **({"pause_round": job.pause_round} if job.status == "paused" else {}),
     }
 
 

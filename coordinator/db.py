@@ -29,10 +29,13 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.pool import StaticPool
 
 __all__ = [
+    "ApiToken",
     "Base",
     "CoordinatorKey",
     "Device",
     "DeviceProfile",
+    "EnrolmentToken",
+    "FleetSetting",
     "Job",
     "JobDevice",
     "ModelArtifact",
@@ -63,6 +66,13 @@ class Device(Base):
     last_seen: Mapped[float] = mapped_column(Double)
     # Ed25519 identity public key, raw 32 bytes in base64 (None: enrolled without one).
     identity_key: Mapped[str | None] = mapped_column(String(64))
+    # Fleet management (issue 6): operator-set tags and labels; lifecycle state
+    # "active" | "draining" (finishes its current round, takes no new work) | "revoked"
+    # | "deleted" (a tombstone kept for its job history; coordinator.fleet).
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
+    revoked_at: Mapped[float | None] = mapped_column(Double)
 
 
 class DeviceProfile(Base):
@@ -95,6 +105,22 @@ class Job(Base):
     # (coordinator.planning documents it; rows from before topology versions lack the
     # last five keys and read as version 1).
     topology: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # While paused (issue 6): the first round devices must not start (None otherwise).
+    pause_round: Mapped[int | None] = mapped_column(Integer)
+
+
+class FleetSetting(Base):
+    """One fleet-wide setting by ``name``, its value a JSON document (issue 6).
+
+    ``"topology"`` holds the default :class:`~meshfl.contract.TopologySetting` of jobs
+    created without a ``topology``; no row: the built-in default.
+    """
+
+    __tablename__ = "fleet_settings"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Double)
 
 
 class JobDevice(Base):
@@ -215,21 +241,73 @@ class CoordinatorKey(Base):
     created_at: Mapped[float] = mapped_column(Double)
 
 
+class ApiToken(Base):
+    """An operator's REST API token (issue 6); :mod:`coordinator.tokens` manages them.
+
+    ``role`` is ``"admin"``, ``"operator"`` or ``"read-only"``; ``token_hash`` is the
+    SHA-256 hex digest of the secret, which is shown once at creation. ``expires_at``
+    ``None``: never expires; ``revoked_at`` is set when an admin revokes it (the row stays
+    so the token is refused as *revoked*, not unknown).
+    """
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float | None] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+
+
+class EnrolmentToken(Base):
+    """A token devices enrol with (issue 6): short-lived, ``uses`` enrolments at most.
+
+    ``uses_left`` counts down (atomically, :func:`coordinator.tokens.consume_enrolment_token`);
+    ``tags`` are given to every device enrolled with it; ``token_hash`` is the SHA-256 hex
+    digest of the secret, shown once at creation.
+    """
+
+    __tablename__ = "enrolment_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    tags: Mapped[list[str]] = mapped_column(JSON)
+    uses: Mapped[int] = mapped_column(Integer)
+    uses_left: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+
+
+THREADS = 40
+"""Threads serving sync routes (anyio's default limiter); the pool holds as many connections."""
+
+
 def make_engine(url: str) -> Engine:
     """Create the engine for ``url`` (SQLite or PostgreSQL).
 
     A plain ``postgresql://`` URL uses the psycopg (3) driver. SQLite gets
     ``check_same_thread=False`` (FastAPI serves sync routes from a thread
     pool), foreign keys switched on, and a single shared connection for ``:memory:``.
+    Pooled engines hold up to :data:`THREADS` connections, one per request thread.
     """
     parsed = make_url(url)
     if parsed.drivername == "postgresql":  # meshfl ships psycopg 3, not psycopg2
         parsed = parsed.set(drivername="postgresql+psycopg")
+    # As many connections as FastAPI has threads for sync routes (anyio's default 40):
+    # a smaller pool lets requests that hold a connection wait for a thread while the
+    # threads wait for a connection, until the pool times out with 500s.
+    pool = {"pool_size": 10, "max_overflow": THREADS - 10}
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
+        return create_engine(parsed, pool_pre_ping=True, **pool)
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
     if parsed.database in (None, "", ":memory:"):
         kwargs["poolclass"] = StaticPool
+    else:
+        kwargs.update(pool)
     engine = create_engine(parsed, **kwargs)
 
     @event.listens_for(engine, "connect")

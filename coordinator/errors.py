@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshfl.errors import CoordinatorError
 
-__all__ = ["Conflict", "Forbidden", "NotFound"]
+__all__ = ["Conflict", "Forbidden", "NotFound", "Unauthorized"]
 
 
 class NotFound(CoordinatorError):
@@ -22,3 +22,7 @@ class Conflict(CoordinatorError):
 
 class Forbidden(CoordinatorError):
     """An authenticated device asked for something that is not its own (HTTP 403)."""
+
+
+class Unauthorized(CoordinatorError):
+    """A credential that is unknown, expired, revoked or used up (HTTP 401)."""

@@ -2,7 +2,11 @@
 
 Status moves ``created → running → completed | failed | stopped`` (``created → stopped``
 too); a job ends ``failed`` instead of ``completed`` when no participant finished it (every
-one declined or left).
+one declined or left). ``running ⇄ paused`` (:func:`pause_job`, :func:`resume_job`): a
+paused job's devices finish the rounds before its ``pause_round`` and wait; it can be
+stopped, and it completes if every participant is done, but no departure or staleness
+rule applies while it is paused (waiting devices keep polling their assignment, which
+counts as activity).
 A running job *completes* when every participant is done (finished, declined or left),
 or when at least one finished and every other participant has been silent (no metrics,
 no done, no assignment poll) for more than ``stale_after_s`` seconds: those are declared
@@ -30,10 +34,14 @@ from meshfl.errors import ConfigError, TopologyError
 __all__ = [
     "admit",
     "current_assignment",
+    "leave_jobs",
     "leave_on_battery",
     "mark_declined",
     "mark_done",
+    "pause_job",
+    "peer_keys",
     "refresh_status",
+    "resume_job",
     "start_job",
     "stop_job",
 ]
@@ -49,8 +57,10 @@ def start_job(
     """Pick the participants, plan the graph, the mixing matrix W and the work; run the job.
 
     Candidates are the live devices (heard from within ``settings.live_within_s``
-    seconds: an idle agent polls for work twice a second) not busy in another running
-    job and not inference-only (profile ``role`` ``"inference"``), by enrolment time.
+    seconds: an idle agent polls for work twice a second) in state ``active`` (never
+    draining or revoked ones), matching the spec's ``select``
+    (:func:`coordinator.planning.selects`), not busy in another running or paused job and
+    not inference-only (profile ``role`` ``"inference"``), by enrolment time.
     With ``spec.min_battery_percent`` > 0 those below it and not
     charging sit out (recorded in the topology's ``sit_out`` and the start event). The
     first ``spec.devices`` of the rest take part (``0``: all of them; a custom graph's
@@ -74,23 +84,37 @@ def start_job(
     spec: JobSpec = job.spec  # type: ignore[assignment]
     wanted = int(spec["devices"]) or (spec["custom_graph"]["n"] if "custom_graph" in spec else 0)
     busy = store.busy_device_ids(session)
+    selector = spec.get("select", {})
     live = [
         d
         for d in store.list_devices(session)
         if now - d.last_seen <= settings.live_within_s
         and d.id not in busy
+        and d.state == "active"  # draining and revoked devices take no new work
         and d.profile.get("role") != "inference"  # serve-only agents never train
+        and planning.selects(selector, d)
     ]
     sit_out = planning.battery_reasons(live, float(spec.get("min_battery_percent", 0.0)))
     eligible = [d for d in live if d.id not in sit_out]
     if not eligible or len(eligible) < wanted:
         low = f" ({len(sit_out)} more sit out, low on battery)" if sit_out else ""
+        which = (
+            f"live, idle, active device(s) match its selector ({planning.selector_text(selector)})"
+            if selector
+            else "live, idle, active device(s) are enrolled"
+        )
+        fix = "select fewer or broader" if selector else "start more agents or create a job with"
         raise Conflict(
-            f"job {job.id!r} needs {wanted or 'at least 1'} device(s) but "
-            f"{len(eligible)} live, idle device(s) are enrolled{low}; start more agents or"
-            " create a job with fewer devices"
+            f"job {job.id!r} needs {wanted or 'at least 1'} device(s) but {len(eligible)}"
+            f" {which}{low}; {fix} devices"
         )
     chosen = sorted(eligible[:wanted] if wanted else eligible, key=lambda d: (d.name, d.id))
+    keyless = [d.id for d in chosen if d.identity_key is None]
+    if keyless and spec.get("signed_deltas", True):
+        raise Conflict(
+            f"device {keyless[0]} enrolled without an identity key; re-enrol it with this"
+            " agent version, or create the job with signed_deltas false"
+        )
     kind = spec["topology"]
     try:
         graph = planning.graph_for(spec, planning.base_graph(spec, len(chosen)), chosen)
@@ -172,10 +196,68 @@ def _finished(row: JobDevice) -> bool:
 
 
 def stop_job(session: Session, job: Job, now: float, control: Control | None = None) -> Job:
-    """Stop a created or running job; raises :class:`Conflict` once it has ended."""
-    if job.status not in ("created", "running"):
+    """Stop a created, running or paused job; raises :class:`Conflict` once it has ended."""
+    if job.status not in ("created", *store.ACTIVE_STATUSES):
         raise Conflict(f"job {job.id!r} is already {job.status}; nothing to stop")
+    job.pause_round = None
     _end(session, job, "stopped", now, control)
+    return job
+
+
+def pause_job(session: Session, job: Job, control: Control | None = None) -> Job:
+    """Hold a running job at a round boundary until :func:`resume_job`.
+
+    The boundary ``pause_round`` is the highest reported round + 2
+    (:func:`coordinator.churn.next_from_round`, as a topology change): every device, even
+    one a round ahead of the coordinator's view, finishes the rounds before it and waits,
+    so neighbours stop at the same round. Devices learn it from their assignment (polled
+    every 0.5 s) and the control topic.
+
+    Raises
+    ------
+    Conflict
+        The job is not running (created, already paused, or ended).
+
+    """
+    if job.status != "running":
+        hint = (
+            "resume it with POST .../resume"
+            if job.status == "paused"
+            else "start it first"
+            if job.status == "created"
+            else "it has ended"
+        )
+        raise Conflict(f"job {job.id!r} is {job.status}, not running; {hint}")
+    job.status, job.pause_round = "paused", churn.next_from_round(session, job)
+    session.commit()
+    if control is not None:
+        control.announce(job)
+    return job
+
+
+def resume_job(session: Session, job: Job, now: float, control: Control | None = None) -> Job:
+    """Let a paused job's devices go on from the round they wait before.
+
+    Their activity clocks restart now: a device that died while the job was paused leaves
+    by the usual silence and evidence rules once the others report again.
+
+    Raises
+    ------
+    Conflict
+        The job is not paused.
+
+    """
+    if job.status != "paused":
+        raise Conflict(
+            f"job {job.id!r} is {job.status}, not paused; only a paused job can be resumed"
+        )
+    for row in store.participants(session, job):
+        if not row.done:
+            row.last_activity = max(row.last_activity, now)
+    job.status, job.pause_round = "running", None
+    session.commit()
+    if control is not None:
+        control.announce(job)
     return job
 
 
@@ -186,7 +268,16 @@ def refresh_status(
     settings: CoordinatorSettings,
     control: Control | None = None,
 ) -> Job:
-    """Apply the departure and completion rules to a running job and persist the result."""
+    """Apply the departure and completion rules to a running job and persist the result.
+
+    A paused job only completes when every participant is done (it finished its last
+    round before the pause took hold); nobody departs or is declared lost while paused.
+    """
+    if job.status == "paused":
+        rows = store.participants(session, job)
+        if rows and all(r.done for r in rows):
+            _end(session, job, "completed", now, control)
+        return job
     if job.status != "running":
         return job
     leaving = churn.departures(session, job, now, settings)
@@ -220,7 +311,9 @@ def mark_done(
     row.last_activity = now
     device.last_seen = now
     session.commit()
-    if job.status == "running" and all(r.done for r in store.participants(session, job)):
+    if job.status in store.ACTIVE_STATUSES and all(
+        r.done for r in store.participants(session, job)
+    ):
         _end(session, job, "completed", now, control)
 
 
@@ -248,10 +341,10 @@ def current_assignment(
 ) -> tuple[Job, JobDevice] | None:
     """Find the job ``device`` should work on now, with its participation (``None``: none).
 
-    The latest-started job it takes part in that is running, or that has ended
+    The latest-started job it takes part in that is running or paused, or that has ended
     (completed/stopped) while this device has not reported done — so it learns to
     stop. A device that reported done on an ended job gets nothing for it. Asking counts
-    as activity of a participant that is not done (it is alive).
+    as activity of a participant that is not done (it is alive), paused jobs included.
     """
     query = (
         select(Job, JobDevice)
@@ -261,12 +354,12 @@ def current_assignment(
     )
     found = list(session.execute(query))
     for job, row in found:
-        if job.status == "running" and not row.done:
+        if job.status in store.ACTIVE_STATUSES and not row.done:
             row.last_activity = now
     session.commit()
     for job, row in found:
         refresh_status(session, job, now, settings, control)
-        if job.status == "running" or not row.done:
+        if job.status in store.ACTIVE_STATUSES or not row.done:
             return job, row
     return None
 
@@ -277,13 +370,28 @@ def admit(
     """Let an idle ``device`` join the latest elastic job that can take it (``None``: none).
 
     See :func:`coordinator.churn.elastic_job`; the device starts at the new version's
-    ``from_round``.
+    ``from_round``. A device that is not ``active`` (draining, revoked) is never admitted,
+    nor one without an identity key to a ``signed_deltas`` job.
     """
+    if device.state != "active":
+        return None
     job = churn.elastic_job(session, device)
     if job is None:
         return None
+    if device.identity_key is None and job.spec.get("signed_deltas", True):
+        return None  # its deltas could not be verified (docs/security.md, "Signed deltas")
     added = churn.replan(session, job, now, add=[device], control=control)
     return (job, added[0]) if added else None
+
+
+def peer_keys(session: Session, job: Job) -> dict[str, str | None]:
+    """The identity keys of the devices of ``job``'s current topology version, by id.
+
+    ``None`` for a device enrolled without one. Read at every assignment request, so a
+    device admitted to an elastic job is known to its neighbours from their next poll.
+    """
+    ids = list((job.topology or {}).get("devices", []))
+    return {d.id: d.identity_key for d in store.get_devices(session, ids)}
 
 
 def leave_on_battery(
@@ -294,7 +402,33 @@ def leave_on_battery(
         row = session.get(JobDevice, (job.id, device.id))
         reason = None if row is None else churn.battery_departure(job, row, device)
         if reason is not None:
-            churn.replan(session, job, now, remove={device.id: reason}, control=control)
-            rows = store.participants(session, job)
-            if job.status == "running" and all(r.done for r in rows):
-                _end(session, job, "completed", now, control)
+            _leave(session, job, device, reason, now, control)
+
+
+def leave_jobs(
+    session: Session, device: Device, reason: str, now: float, control: Control | None = None
+) -> list[str]:
+    """Take ``device`` out of every running or paused job it still works on; their ids.
+
+    The battery path's departure (:func:`coordinator.churn.replan`): a new topology
+    version without the device from the next round boundary (``from_round``), so the
+    device finishes the round it is in. Used when an operator drains or revokes it.
+    """
+    left = []
+    query = select(Job).join(JobDevice, JobDevice.job_id == Job.id)
+    query = query.where(JobDevice.device_id == device.id, Job.status.in_(store.ACTIVE_STATUSES))
+    for job in list(session.scalars(query.order_by(Job.started_at.desc(), Job.id))):
+        row = session.get(JobDevice, (job.id, device.id))
+        if row is not None and row.left_round is None and not row.done:
+            _leave(session, job, device, reason, now, control)
+            left.append(job.id)
+    return left
+
+
+def _leave(
+    session: Session, job: Job, device: Device, reason: str, now: float, control: Control | None
+) -> None:
+    churn.replan(session, job, now, remove={device.id: reason}, control=control)
+    rows = store.participants(session, job)
+    if job.status in store.ACTIVE_STATUSES and all(r.done for r in rows):
+        _end(session, job, "completed", now, control)

@@ -53,6 +53,8 @@ __all__ = [
     "graph_of",
     "link_aware",
     "mixing",
+    "selector_text",
+    "selects",
     "topology_params",
     "uplinks",
     "with_no_wait",
@@ -156,6 +158,42 @@ def _charging(profile: Mapping[str, Any]) -> bool | None:
 def uplinks(devices: Sequence[Device]) -> list[float | None]:
     """Each device's latest measured uplink (bytes/s), ``None`` where unmeasured."""
     return [_measured(d.profile or {}, "uplink_bytes_per_s") for d in devices]
+
+
+_SELECTOR_MINIMUMS = (
+    ("min_cores", "cores"),
+    ("min_memory_bytes", "memory_bytes"),
+    ("min_train_samples_per_s", "train_samples_per_s"),
+    ("min_uplink_bytes_per_s", "uplink_bytes_per_s"),
+)
+
+
+def selects(selector: Mapping[str, Any], device: Device) -> bool:
+    """Whether ``device`` matches a job's :class:`~meshfl.contract.DeviceSelector`.
+
+    The device carries every tag of ``selector["tags"]`` and its latest profile reports at
+    least each ``min_*`` given (``min_cores`` against ``cores``, ``min_memory_bytes``
+    against ``memory_bytes``, …; a field not reported does not match). An empty selector
+    matches every device; the caller checks the device's ``state``.
+    """
+    if not set(selector.get("tags", ())) <= set(device.tags or ()):
+        return False
+    profile = device.profile or {}
+    for least_key, field in _SELECTOR_MINIMUMS:
+        least = selector.get(least_key)
+        if least is None:
+            continue
+        value = _measured(profile, field)
+        if value is None or value < float(least):
+            return False
+    return True
+
+
+def selector_text(selector: Mapping[str, Any]) -> str:
+    """The selector as operators wrote it, for messages: ``tags [gpu, lab], min_cores 4``."""
+    parts = [f"tags [{', '.join(selector['tags'])}]"] if selector.get("tags") else []
+    parts += [f"{key} {selector[key]:g}" for key, _ in _SELECTOR_MINIMUMS if key in selector]
+    return ", ".join(parts) or "any device"
 
 
 def battery_reasons(devices: Sequence[Device], min_battery_percent: float) -> dict[str, str]:

@@ -20,7 +20,10 @@ from meshfl.contract import (
     CapabilityProfile,
     DevicePlan,
     DevicePublic,
+    DeviceRoundMetrics,
     DeviceRoundReport,
+    DeviceState,
+    JobDeviceMetrics,
     JobDevicePublic,
     JobPublic,
     JobSpec,
@@ -37,6 +40,8 @@ __all__ = [
     "device_plan",
     "device_public",
     "device_reports",
+    "device_round_metrics",
+    "job_device_metrics",
     "job_public",
     "profile_sample",
     "round_summaries",
@@ -45,8 +50,11 @@ __all__ = [
 ]
 
 
-def device_public(device: Device) -> DevicePublic:
-    """Show a device as operators see it (no token, no digest)."""
+def device_public(device: Device, now: float, live_within_s: float) -> DevicePublic:
+    """Show a device as operators see it (no token, no digest).
+
+    ``online``: heard from within ``live_within_s`` seconds before ``now`` (unix s).
+    """
     return DevicePublic(
         device_id=device.id,
         name=device.name,
@@ -54,6 +62,11 @@ def device_public(device: Device) -> DevicePublic:
         profile=cast(CapabilityProfile, device.profile),
         enrolled_at=device.enrolled_at,
         last_seen=device.last_seen,
+        tags=list(device.tags or []),
+        labels=dict(device.labels or {}),
+        state=cast(DeviceState, device.state),
+        online=now - device.last_seen <= live_within_s,
+        revoked_at=device.revoked_at,
     )
 
 
@@ -229,6 +242,7 @@ def job_public(
         started_at=job.started_at,
         finished_at=job.finished_at,
         devices=devices,
+        pause_round=job.pause_round,
     )
 
 
@@ -250,13 +264,23 @@ def topology_public(job: Job) -> TopologyPublic:
     )
 
 
-def assignment(job: Job, row: JobDevice, fleet: str) -> Assignment:
+def assignment(
+    job: Job,
+    row: JobDevice,
+    fleet: str,
+    identity_keys: Mapping[str, str | None] | None = None,
+) -> Assignment:
     """The device's row of the current W: self weight, neighbour weights, version, plan.
+
+    ``peer_keys`` holds the Ed25519 identity key (base64) of every device of the current
+    version found in ``identity_keys`` (device id → key, ``None``: enrolled without one;
+    see :func:`coordinator.lifecycle.peer_keys`): receivers verify signed deltas with it.
 
     ``position`` is the device's place in the current version's ``devices`` (its row of
     W); ``index`` stays ``row.index`` (stable: agents seed their data shuffles with it).
     A device that left (or is not in the current version) gets ``position`` -1, no
-    neighbours and self weight 1.0: agents stop when they see it.
+    neighbours and self weight 1.0: agents stop when they see it. A paused job's
+    assignment carries ``pause_round``, the first round the device must not start.
     """
     topo: dict[str, Any] = job.topology or {}
     ids, w = list(topo["devices"]), topo["W"]
@@ -264,7 +288,7 @@ def assignment(job: Job, row: JobDevice, fleet: str) -> Assignment:
     peers = sorted(
         {j for a, b in topo["edges"] for j in (a, b) if position in (a, b) and j != position}
     )
-    return Assignment(
+    out = Assignment(
         job_id=job.id,
         fleet=fleet,
         status=cast(JobStatus, job.status),
@@ -278,7 +302,11 @@ def assignment(job: Job, row: JobDevice, fleet: str) -> Assignment:
         devices=ids,
         start_round=row.joined_round,
         plan=device_plan(job, row.device_id),
+        peer_keys={d: key for d in ids if (key := (identity_keys or {}).get(d)) is not None},
     )
+    if job.status == "paused" and job.pause_round is not None:
+        out["pause_round"] = int(job.pause_round)
+    return out
 
 
 def device_reports(job: Job, metrics: Sequence[RoundMetric]) -> list[DeviceRoundReport]:
@@ -295,3 +323,68 @@ def device_reports(job: Job, metrics: Sequence[RoundMetric]) -> list[DeviceRound
         )
         for m in ordered
     ]
+
+
+def job_device_metrics(
+    rows: Sequence[JobDevice],
+    names: Mapping[str, str],
+    metrics: Sequence[RoundMetric],
+    epsilon: Mapping[str, float | None],
+) -> list[JobDeviceMetrics]:
+    """Each participant's totals, by index: latest round and accuracy, bytes, ε spent.
+
+    Bytes are the done report's totals when the device finished, else the sum of its
+    round reports (as in :func:`job_public`); ``metrics`` in round order.
+    """
+    mine: dict[str, list[RoundMetric]] = defaultdict(list)
+    for m in metrics:
+        mine[m.device_id].append(m)
+    out: list[JobDeviceMetrics] = []
+    for row in rows:
+        reports = mine[row.device_id]
+        latest = max(reports, key=lambda m: m.round, default=None)
+        final: dict[str, Any] = row.final or {}
+        if row.done and "bytes_sent" in final:
+            sent, received = int(final["bytes_sent"]), int(final["bytes_received"])
+        else:
+            sent = sum(int(m.metrics["bytes_sent"]) for m in reports)
+            received = sum(int(m.metrics["bytes_received"]) for m in reports)
+        out.append(
+            JobDeviceMetrics(
+                device_id=row.device_id,
+                name=names.get(row.device_id, ""),
+                joined_round=row.joined_round,
+                left_round=row.left_round,
+                done=row.done,
+                rounds_reported=len({m.round for m in reports}),
+                latest_round=None if latest is None else latest.round,
+                latest_accuracy=None if latest is None else float(latest.metrics["accuracy"]),
+                final_accuracy=(
+                    float(final["final_accuracy"]) if "final_accuracy" in final else None
+                ),
+                bytes_sent=sent,
+                bytes_received=received,
+                epsilon_spent=epsilon.get(row.device_id),
+            )
+        )
+    return out
+
+
+def device_round_metrics(m: RoundMetric) -> DeviceRoundMetrics:
+    """One stored round report of a device (its sketch left out: it is for the coordinator)."""
+    body = m.metrics
+    out = DeviceRoundMetrics(
+        round=m.round,
+        accuracy=float(body["accuracy"]),
+        loss=float(body["loss"]),
+        bytes_sent=int(body["bytes_sent"]),
+        bytes_received=int(body["bytes_received"]),
+        missing=[str(d) for d in body["missing"]],
+        train_s=float(body["train_s"]),
+        round_s=float(body["round_s"]),
+        received_at=m.received_at,
+    )
+    for key in ("rejected_unsigned", "rejected_signature", "rejected_replayed"):
+        if key in body:  # a signed job's counters
+            out[key] = int(body[key])
+    return out

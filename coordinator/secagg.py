@@ -132,7 +132,7 @@ def _options(job: Job) -> PrivacyOptions:
 
 
 def _running(job: Job) -> None:
-    if job.status != "running":
+    if job.status not in ("running", "paused"):  # paused: devices finish their round
         raise Conflict(f"job {job.id!r} is {job.status}, not running; secure keys and"
                        " declarations belong to a running job")  # fmt: skip
 

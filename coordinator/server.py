@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Publish
 from coordinator.settings import CoordinatorSettings
 from meshfl.errors import ConfigError
@@ -30,6 +31,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     publish: Publish | None = None,
+    broker_accounts: BrokerAccounts | None = None,
 ) -> None:
     """Serve the coordinator until interrupted (uvicorn, log level ``warning``).
 
@@ -37,7 +39,8 @@ def serve(
     in ``settings`` (or its environment variable) is shown as such, a generated one is
     shown in full once — it is not stored anywhere, so note it. ``publish`` is the
     control-topic publisher handed to :func:`coordinator.app.create_app` (``None``: no
-    push).
+    push); ``broker_accounts`` the broker's login table it updates on enrol and revoke
+    (``None``: none).
     """
     import uvicorn
     from sqlalchemy.engine import make_url
@@ -47,7 +50,7 @@ def serve(
 
     settings, generated = ensure_tokens(settings)
     try:
-        app = create_app(settings, publish)
+        app = create_app(settings, publish, broker_accounts=broker_accounts)
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise ConfigError(
@@ -72,7 +75,8 @@ def serve(
         f"  admin token:  {shown('admin_token')}\n"
         f"  database:     {make_url(settings.db_url).render_as_string(hide_password=True)}\n"
         f"  artifacts:    {settings.artifacts_path()}\n"
-        f"  control push: {'MQTT ' + str(settings.broker_url) if publish else 'off (agents poll)'}",
+        f"  control push: {'MQTT ' + str(settings.broker_url) if publish else 'off (agents poll)'}"
+        f"\n  broker logins: {'one per device' if broker_accounts else 'not managed'}",
         flush=True,
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")

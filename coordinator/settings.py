@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["CoordinatorSettings"]
@@ -62,6 +62,23 @@ class CoordinatorSettings(BaseSettings):
         ``meshfl-artifacts`` in the working directory for PostgreSQL and in-memory SQLite.
     max_model_bytes : int
         Bytes. Largest model upload accepted (413 beyond). Default 64 MiB.
+    metrics_public : bool
+        Serve Prometheus ``/metrics`` without a token (for a scraper on a trusted
+        network). Default ``False``: it needs an operator token (any role).
+    heartbeat_flush_s : float
+        Seconds. Heartbeat times are kept in memory and written to ``devices.last_seen``
+        this often (and at shutdown); readers see the fresher value meanwhile
+        (:mod:`coordinator.liveness`). Default 1.
+    broker_ca_file : Path or None
+        PEM file of the CA that signed the broker's TLS certificate; its text is returned
+        to each enrolling device as ``broker_ca``. ``None`` (default): none is returned.
+    rate_limit_operator, rate_limit_device, rate_limit_heartbeat, rate_limit_enrol : str
+        Requests allowed per identity on ``/api/v1`` (:mod:`coordinator.ratelimit`), in the
+        ``limits`` notation (``"600/minute"``, ``"10/second;500/minute"``); ``""`` or
+        ``"0"``: unlimited. Per API token (or the admin token), default ``600/minute``;
+        per device token, default ``1200/minute``; per device on its heartbeat route, a
+        budget of its own, default ``1200/minute`` and never below 10/s; per client
+        address for requests without a bearer token (enrolment), default ``30/minute``.
 
     """
 
@@ -79,6 +96,35 @@ class CoordinatorSettings(BaseSettings):
     depart_at_end_s: float = Field(default=10.0, gt=0)
     artifacts_dir: Path | None = None
     max_model_bytes: int = Field(default=64 << 20, gt=0)
+    metrics_public: bool = False
+    heartbeat_flush_s: float = Field(default=1.0, gt=0)
+    broker_ca_file: Path | None = None
+    rate_limit_operator: str = "600/minute"
+    rate_limit_device: str = "1200/minute"
+    rate_limit_heartbeat: str = "1200/minute"
+    rate_limit_enrol: str = "30/minute"
+
+    @field_validator(
+        "rate_limit_operator", "rate_limit_device", "rate_limit_heartbeat", "rate_limit_enrol"
+    )
+    @classmethod
+    def _rate_limit(cls, value: str, info: ValidationInfo) -> str:
+        from limits import parse_many
+
+        text = value.strip()
+        if text in ("", "0"):
+            return text
+        try:
+            items = parse_many(text)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a rate limit; write e.g. '600/minute' or '' for none"
+            ) from None
+        if info.field_name == "rate_limit_heartbeat" and any(
+            item.amount < 10 * item.get_expiry() for item in items
+        ):
+            raise ValueError(f"{value!r} allows under 10 heartbeats/s; allow at least that")
+        return text
 
     def artifacts_path(self) -> Path:
         """The artifacts directory: ``artifacts_dir``, or its default next to the database."""

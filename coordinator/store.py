@@ -20,11 +20,12 @@ from coordinator.errors import Forbidden, NotFound
 from meshfl.contract import CapabilityProfile, JobSpec, RoundMetrics
 
 __all__ = [
+    "ACTIVE_STATUSES",
     "PROFILE_HISTORY_LIMIT",
     "create_job",
     "device_by_token",
     "device_names",
-    "devices_meeting",
+    "device_round_metrics",
     "enrol_device",
     "get_device",
     "get_devices",
@@ -62,11 +63,16 @@ def enrol_device(
     profile: CapabilityProfile,
     now: float,
     identity_key: str | None = None,
+    tags: list[str] | None = None,
+    commit: bool = True,
 ) -> tuple[Device, str]:
     """Create a new device identity; returns it and its bearer token (shown once).
 
     Re-enrolling under an existing name creates another identity: names are labels.
-    ``identity_key`` is the device's Ed25519 public key (base64, checked by the caller).
+    ``identity_key`` is the device's Ed25519 public key (base64, checked by the caller);
+    ``tags`` its first tags (those of the enrolment token; ``None``: none).
+    ``commit=False`` only flushes: the caller commits once the enrolment's other steps
+    (the token's use, the broker login) have succeeded, or rolls it all back.
     """
     token = secrets.token_urlsafe(32)
     device = Device(
@@ -78,12 +84,16 @@ def enrol_device(
         enrolled_at=now,
         last_seen=now,
         identity_key=identity_key,
+        tags=list(tags or []),
+        labels={},
+        state="active",
     )
     session.add(device)
+    session.flush()
     if profile:  # measured at join: the first sample of its history
-        session.flush()
         _add_profile_sample(session, device, profile, now)
-    session.commit()
+    if commit:
+        session.commit()
     return device, token
 
 
@@ -93,9 +103,9 @@ def device_by_token(session: Session, token: str) -> Device | None:
 
 
 def get_device(session: Session, device_id: str) -> Device:
-    """Return the device ``device_id``; raises :class:`NotFound`."""
+    """Return the device ``device_id``; raises :class:`NotFound` (also once deleted)."""
     device = session.get(Device, device_id)
-    if device is None:
+    if device is None or device.state == "deleted":
         raise NotFound(f"device {device_id!r} is not enrolled; list devices with GET /devices")
     return device
 
@@ -111,12 +121,16 @@ def list_devices(session: Session) -> list[Device]:
     return list(session.scalars(select(Device).order_by(Device.enrolled_at, Device.id)))
 
 
+ACTIVE_STATUSES = ("running", "paused")
+"""Statuses of a started job that has not ended: its devices are busy with it."""
+
+
 def busy_device_ids(session: Session) -> set[str]:
-    """Devices taking part in a running job that they have not finished."""
+    """Devices taking part in a running or paused job that they have not finished."""
     query = (
         select(JobDevice.device_id)
         .join(Job, Job.id == JobDevice.job_id)
-        .where(Job.status == "running", JobDevice.done.is_(False))
+        .where(Job.status.in_(ACTIVE_STATUSES), JobDevice.done.is_(False))
     )
     return set(session.scalars(query))
 
@@ -175,27 +189,6 @@ def profile_history(
         query = query.where(DeviceProfile.received_at >= since)
     query = query.order_by(DeviceProfile.received_at.desc(), DeviceProfile.id.desc())
     return list(session.scalars(query.offset(offset).limit(limit)))
-
-
-def devices_meeting(
-    session: Session, minimums: dict[str, float], *, limit: int, offset: int = 0
-) -> list[Device]:
-    """Devices, in enrolment order, whose latest profile reports at least ``minimums``.
-
-    ``minimums`` maps a numeric profile field to its least value; a device whose profile
-    lacks the field (or holds a non-number there) does not match. Filtered here rather
-    than in SQL: JSON operators differ between SQLite and PostgreSQL.
-    """
-
-    def meets(profile: dict[str, Any]) -> bool:
-        for field, least in minimums.items():
-            value = profile.get(field)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < least:
-                return False
-        return True
-
-    matching = [d for d in list_devices(session) if meets(d.profile or {})]
-    return matching[offset : offset + limit]
 
 
 def create_job(session: Session, spec: JobSpec, now: float) -> Job:
@@ -328,3 +321,13 @@ def record_metrics(
         session.rollback()
         return False
     return True
+
+
+def device_round_metrics(
+    session: Session, job: Job, device_id: str, *, limit: int, offset: int = 0
+) -> tuple[list[RoundMetric], int]:
+    """One device's round reports for ``job`` by round, a page of them and their total."""
+    where = (RoundMetric.job_id == job.id, RoundMetric.device_id == device_id)
+    total = session.scalars(select(func.count()).select_from(RoundMetric).where(*where)).one()
+    query = select(RoundMetric).where(*where).order_by(RoundMetric.round)
+    return list(session.scalars(query.offset(offset).limit(limit))), int(total)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from coordinator.planning import custom_graph
 from meshfl.aggregation.privacy import PrivacyOptions
@@ -14,23 +15,33 @@ from meshfl.contract import (
     JOB_TOPOLOGIES,
     CapabilityProfile,
     DeviceDone,
+    DeviceSelector,
     JobSpec,
     RoundMetrics,
+    TopologySetting,
 )
 from meshfl.errors import CodecSpecError, ConfigError, TopologyError
 from meshfl.modelspec import ZOO_MODELS, check_sizes, with_hash
-from meshfl.topology import MIXING_RULES, build_graph
+from meshfl.topology import MIXING_RULES, Graph, build_graph
 
 __all__ = [
     "LOSSLESS_CODECS",
+    "MAX_LABELS",
+    "MAX_LABEL_VALUE",
     "MAX_SECURE_KEYS",
     "MAX_SECURE_ROUNDS",
+    "MAX_TAGS",
+    "TAG_PATTERN",
     "fill_model_hash",
     "validate_done",
+    "validate_labels",
     "validate_metrics",
     "validate_name",
     "validate_profile",
+    "validate_selector",
     "validate_spec",
+    "validate_tags",
+    "validate_topology_setting",
 ]
 
 #: Codec specs D-PSGD accepts: it averages models, so it needs them uncompressed.
@@ -59,8 +70,10 @@ _RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
     ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)"),
 )
 
-# Optional fields (issue 4): (field, integer?, predicate, what it must be).
-_OPTIONAL_RULES: tuple[tuple[str, bool, Callable[[float], bool], str], ...] = (
+# Optional fields (issue 4): (field, integer?, predicate, what it must be); the first
+# three are the topology parameters the fleet setting shares.
+_OptionalRule = tuple[str, bool, Callable[[float], bool], str]
+_OPTIONAL_RULES: tuple[_OptionalRule, ...] = (
     ("topology_degree", True, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]"),
     ("topology_probability", False, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
     ("topology_seed", True, lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)"),
@@ -68,6 +81,13 @@ _OPTIONAL_RULES: tuple[tuple[str, bool, Callable[[float], bool], str], ...] = (
     ("quorum", False, lambda v: 0 < v <= 1, "a fraction in (0, 1] of the neighbours"),
     ("uplink_budget_s", False, lambda v: 0 < v <= 60, "seconds in (0, 60]"),
     ("min_battery_percent", False, lambda v: 0 <= v <= 100, "a percentage in [0, 100] (0: off)"),
+)
+
+_SELECTOR_RULES: tuple[_OptionalRule, ...] = (
+    ("min_cores", True, lambda v: 0 <= v <= 1_000_000, "an integer in [0, 1000000]"),
+    ("min_memory_bytes", True, lambda v: 0 <= v <= 2**53, "an integer of bytes in [0, 2^53]"),
+    ("min_train_samples_per_s", False, lambda v: 0 <= v <= 1e12, "a number in [0, 1e12]"),
+    ("min_uplink_bytes_per_s", False, lambda v: 0 <= v <= 1e15, "bytes/s in [0, 1e15]"),
 )
 
 CHECKED_GRAPH_SIZE = 256
@@ -95,6 +115,9 @@ def validate_spec(spec: JobSpec) -> None:
     """
     if not spec["name"].strip():
         raise ConfigError("spec.name is empty; give the job a name")
+    if "topology" not in spec:
+        raise ConfigError("spec.topology is missing; name a topology (or create the job over"
+                          " REST, which fills the fleet default)")  # fmt: skip
     for field, ok, must_be in _RULES:
         value = spec[field]  # type: ignore[literal-required]
         if isinstance(value, bool) or not math.isfinite(value) or not ok(value):
@@ -128,6 +151,8 @@ def validate_spec(spec: JobSpec) -> None:
             " use topk:D or randk:D"
         )
     _validate_topology(spec)
+    if "select" in spec:
+        validate_selector(spec["select"])
     if spec["algorithm"] == "dpsgd" and spec["codec"].strip().lower() not in LOSSLESS_CODECS:
         raise ConfigError(
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
@@ -161,34 +186,82 @@ def fill_model_hash(spec: JobSpec) -> JobSpec:
     return {**spec, "model": model}
 
 
-def _validate_topology(spec: JobSpec) -> None:
-    """The topology, its parameters, rounds, planning and churn fields (issue 4)."""
-    for field, integer, ok, must_be in _OPTIONAL_RULES:
-        if field not in spec:
+def _check_fields(doc: Mapping[str, Any], rules: Sequence[_OptionalRule], prefix: str) -> None:
+    for field, integer, ok, must_be in rules:
+        if field not in doc:
             continue
-        value = spec[field]  # type: ignore[literal-required]
-        bad = isinstance(value, bool) or (integer and not isinstance(value, int))
+        value = doc[field]
+        bad = isinstance(value, bool) or not isinstance(value, int | float)
+        bad = bad or (integer and not isinstance(value, int))
         if bad or not math.isfinite(value) or not ok(value):
-            raise ConfigError(f"spec.{field} = {value!r} is invalid; it must be {must_be}")
-    mode, mixing = spec.get("mode", "sync"), spec.get("mixing", "metropolis-hastings")
-    if mode not in JOB_MODES:
-        raise ConfigError(f"spec.mode = {mode!r}; use one of {', '.join(JOB_MODES)}")
+            raise ConfigError(f"{prefix}{field} = {value!r} is invalid; it must be {must_be}")
+
+
+def _check_kind(doc: Mapping[str, Any], prefix: str) -> str:
+    """The topology fields shared by a job spec and the fleet setting; returns the kind."""
+    _check_fields(doc, _OPTIONAL_RULES[:3], prefix)
+    mixing = doc.get("mixing", "metropolis-hastings")
     if mixing not in MIXING_RULES:
-        raise ConfigError(f"spec.mixing = {mixing!r}; use one of {', '.join(MIXING_RULES)}")
-    kind = spec["topology"]
+        raise ConfigError(f"{prefix}mixing = {mixing!r}; use one of {', '.join(MIXING_RULES)}")
+    kind = doc.get("topology")
     if kind not in JOB_TOPOLOGIES:
         raise ConfigError(
-            f"spec.topology = {kind!r} is not available to jobs; use one of"
+            f"{prefix}topology = {kind!r} is not available to jobs; use one of"
             f" {', '.join(JOB_TOPOLOGIES)}"
         )
+    if kind != "custom" and "custom_graph" in doc:
+        raise ConfigError(
+            f"{prefix}custom_graph is given but {prefix}topology = {kind!r}; set topology"
+            " 'custom' or drop custom_graph"
+        )
+    return str(kind)
+
+
+def validate_topology_setting(setting: TopologySetting) -> None:
+    """Refuse a fleet topology setting (``PUT /topology``) no job could use.
+
+    The same names and bounds as a job spec's topology fields: ``topology`` one of
+    :data:`~meshfl.contract.JOB_TOPOLOGIES`, ``topology_degree`` in [1, 1024],
+    ``topology_probability`` in [0, 1], ``topology_seed`` in [0, 2^32), ``mixing`` a
+    known rule, ``custom_graph`` valid and given exactly when the kind is ``custom``.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        Naming the first bad field.
+
+    """
+    if _check_kind(setting, "") == "custom":
+        _checked_custom(setting, "")
+
+
+def validate_selector(selector: DeviceSelector) -> None:
+    """Refuse a device selector (``JobSpec.select``) with impossible values.
+
+    ``tags``: at most :data:`MAX_TAGS`, each :data:`TAG_PATTERN`; ``min_cores``,
+    ``min_memory_bytes`` integers >= 0; ``min_train_samples_per_s``,
+    ``min_uplink_bytes_per_s`` finite numbers >= 0.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        Naming the first bad field.
+
+    """
+    validate_tags(list(selector.get("tags", [])), "spec.select.tags")
+    _check_fields(selector, _SELECTOR_RULES, "spec.select.")
+
+
+def _validate_topology(spec: JobSpec) -> None:
+    """The topology, its parameters, rounds, planning and churn fields (issue 4)."""
+    _check_fields(spec, _OPTIONAL_RULES, "spec.")
+    mode = spec.get("mode", "sync")
+    if mode not in JOB_MODES:
+        raise ConfigError(f"spec.mode = {mode!r}; use one of {', '.join(JOB_MODES)}")
+    kind = _check_kind(spec, "spec.")
     if kind == "custom":
         _validate_custom(spec)
         return
-    if "custom_graph" in spec:
-        raise ConfigError(
-            f"spec.custom_graph is given but spec.topology = {kind!r}; set topology 'custom'"
-            " or drop custom_graph"
-        )
     n = spec["devices"]
     if not 0 < n <= CHECKED_GRAPH_SIZE:
         return
@@ -209,16 +282,20 @@ def _validate_topology(spec: JobSpec) -> None:
         )
 
 
-def _validate_custom(spec: JobSpec) -> None:
-    if "custom_graph" not in spec:
+def _checked_custom(doc: JobSpec | TopologySetting, prefix: str) -> Graph:
+    if "custom_graph" not in doc:
         raise ConfigError(
-            'spec.topology = \'custom\' needs spec.custom_graph {"n": N, "edges": [[i, j], ...]}'
-            " (the CLI reads it from --topology FILE.json)"
+            f"{prefix}topology = 'custom' needs {prefix}custom_graph"
+            ' {"n": N, "edges": [[i, j], ...]} (the CLI reads it from --topology FILE.json)'
         )
     try:
-        graph = custom_graph(spec)
+        return custom_graph(doc)  # type: ignore[arg-type]  # reads only custom_graph
     except (ConfigError, TopologyError) as exc:
-        raise ConfigError(f"spec.custom_graph is invalid: {exc}") from exc
+        raise ConfigError(f"{prefix}custom_graph is invalid: {exc}") from exc
+
+
+def _validate_custom(spec: JobSpec) -> None:
+    graph = _checked_custom(spec, "spec.")
     if spec["devices"] not in (0, graph.n):
         raise ConfigError(
             f"spec.custom_graph has {graph.n} nodes but spec.devices = {spec['devices']};"
@@ -313,3 +390,50 @@ def validate_profile(profile: CapabilityProfile) -> None:
     role = profile.get("role")
     if role is not None and role not in ("train", "inference"):
         raise ConfigError(f"profile.role must be 'train' or 'inference', got {str(role)[:40]!r}")
+
+
+TAG_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+"""What a device tag or label key is: 1-64 of ``[A-Za-z0-9_.:-]``."""
+MAX_TAGS = 32
+MAX_LABELS = 32
+MAX_LABEL_VALUE = 256
+
+
+def validate_tags(tags: list[str], what: str = "tags") -> list[str]:
+    """Return ``tags`` without repeats (first kept); refuse a bad tag or too many.
+
+    Each tag matches :data:`TAG_PATTERN`; at most :data:`MAX_TAGS` distinct tags.
+    ``what`` names the field in the message. Raises :class:`meshfl.errors.ConfigError`.
+    """
+    for tag in tags:
+        if not TAG_PATTERN.fullmatch(tag):
+            raise ConfigError(
+                f"{what}: tag {tag[:80]!r} is invalid; use 1-64 letters, digits, '_', '.',"
+                " ':' or '-'"
+            )
+    unique = list(dict.fromkeys(tags))
+    if len(unique) > MAX_TAGS:
+        raise ConfigError(f"{what}: {len(unique)} tags given, at most {MAX_TAGS} are allowed")
+    return unique
+
+
+def validate_labels(labels: dict[str, str]) -> None:
+    """Refuse a bad label key or value, or too many labels.
+
+    Keys match :data:`TAG_PATTERN`; values are at most :data:`MAX_LABEL_VALUE` printable
+    characters; at most :data:`MAX_LABELS` labels. Raises
+    :class:`meshfl.errors.ConfigError`.
+    """
+    if len(labels) > MAX_LABELS:
+        raise ConfigError(f"labels: {len(labels)} given, at most {MAX_LABELS} are allowed")
+    for key, value in labels.items():
+        if not TAG_PATTERN.fullmatch(key):
+            raise ConfigError(
+                f"labels: key {key[:80]!r} is invalid; use 1-64 letters, digits, '_', '.',"
+                " ':' or '-'"
+            )
+        if len(value) > MAX_LABEL_VALUE or not value.isprintable():  # no controls, surrogates
+            raise ConfigError(
+                f"labels: the value of {key!r} is invalid; at most {MAX_LABEL_VALUE} printable"
+                " characters"
+            )

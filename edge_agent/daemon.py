@@ -27,8 +27,8 @@ from edge_agent.health import HealthWriter
 from edge_agent.job import JobRunner
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Message, Transport
-from meshfl.contract import Assignment, CapabilityProfile, ModelSpec
-from meshfl.errors import ConfigError, SecurityError
+from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelSpec
+from meshfl.errors import ConfigError, MeshflError, SecurityError
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
 
@@ -54,6 +54,9 @@ class AgentConfig:
     link figures need the broker and are measured at each job's start. ``slowdown``
     (≥ 1, default 1: none) makes the job's trainer play a device that many times slower
     (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks).
+    ``broker_ca`` is the PEM file of the CA of an ``mqtts://`` broker's certificate; None
+    uses the one given at enrolment (saved as ``<out>/<name>.broker-ca.pem``), else the
+    system's CA store.
     """
 
     coordinator: str
@@ -71,6 +74,7 @@ class AgentConfig:
     threads: int = 1
     profile_refresh_s: float = 300.0
     slowdown: float = 1.0
+    broker_ca: Path | None = None
 
 
 def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
@@ -82,6 +86,9 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
         The local data file is missing, empty or malformed.
     meshfl.errors.CoordinatorUnreachable, meshfl.errors.BrokerUnreachable
         The coordinator or the broker cannot be reached.
+    edge_agent.rest.DeviceRevoked
+        An operator revoked this device (exit code 3): it stops at once, whether idle or
+        in a job, instead of retrying a token that no longer works.
 
     """
     validate_id(config.name, "device name")
@@ -102,11 +109,9 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
             broker = config.broker or enrolment["broker_url"]
             if not broker:
                 raise ConfigError(
-                    "the coordinator advertises no broker URL; pass --broker mqtt://HOST:PORT"
+                    "the coordinator advertises no broker URL; pass --broker mqtt[s]://HOST:PORT"
                 )
-            from edge_agent.transport.mqtt import MqttTransport
-
-            transport = MqttTransport(broker)
+            transport = _broker_transport(config, enrolment, broker)
         will = Message(status_topic(fleet, device_id), _status("offline"), qos=1, retain=True)
         transport.connect(device_id, will=will)
         log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
@@ -114,16 +119,33 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
         live = transport  # the health thread reads the connection state of this transport
         health = HealthWriter(config.out, device_id, config.name, lambda: live.connected)
         health.start()
+        failed = True
         try:
             link = _report_profile(config, client, transport, device_id, fleet, x, y)
             _serve(config, client, transport, device_id, fleet, x, y, link, health, identity)
+            failed = False
         finally:
             health.stop()
-            transport.publish(status_topic(fleet, device_id), _status("offline"), retain=True)
-            transport.flush(10.0)
-            transport.close()
+            _say_offline(transport, fleet, device_id, quiet=failed)
     finally:
         client.close()
+
+
+def _say_offline(transport: Transport, fleet: str, device_id: str, *, quiet: bool) -> None:
+    """Publish the retained ``offline`` status, flush, disconnect.
+
+    ``quiet``: the agent is already stopping on an error (a revoked device, whose broker
+    login may be gone too): a failure here is logged, not raised over the first one.
+    """
+    try:
+        transport.publish(status_topic(fleet, device_id), _status("offline"), retain=True)
+        transport.flush(10.0)
+    except MeshflError as exc:
+        if not quiet:
+            raise
+        log.warning("could not publish the offline status: %s", exc)
+    finally:
+        transport.close()
 
 
 def _report_profile(
@@ -207,3 +229,27 @@ def _runnable(assignment: Assignment, finished: set[str]) -> bool:
 
 def _status(state: str) -> bytes:
     return status_payload(state)
+
+
+def _broker_transport(config: AgentConfig, enrolment: EnrolResponse, broker: str) -> Transport:
+    """The MQTT transport with the broker login and CA given at enrolment.
+
+    The device's username (its device id, also its client id) and password are used as
+    given; they are not stored (a restarted agent enrols again). The CA's PEM is saved as
+    ``<out>/<name>.broker-ca.pem`` next to the identity key; ``--broker-ca`` wins over it.
+    """
+    from edge_agent.transport.address import parse_broker_address
+    from edge_agent.transport.mqtt import MqttTransport
+    from meshfl.files import atomic_write
+
+    ca_file = config.broker_ca
+    pem = enrolment.get("broker_ca")
+    if ca_file is None and pem and parse_broker_address(broker).tls:
+        ca_file = Path(config.out) / f"{config.name}.broker-ca.pem"
+        atomic_write(ca_file, lambda f: f.write(pem.encode()))
+    return MqttTransport(
+        broker,
+        username=enrolment.get("broker_username"),
+        password=enrolment.get("broker_password"),
+        ca_file=ca_file,
+    )

@@ -29,6 +29,10 @@ to their topics); :meth:`exchange` takes this round's row of W, so time-varying 
 and version switches are a matter of the caller. Control-topic messages for this job
 are collected in :attr:`control` for the job runner.
 
+**Signed deltas.** With a ``signer`` every envelope this device publishes carries its
+Ed25519 signature; with a ``verifier`` neighbours' envelopes are checked before use
+(:mod:`edge_agent.inbox`, ``docs/security.md``). Both default to ``None``: no signing.
+
 Malformed bytes are counted and dropped: nothing a neighbour sends can stop the engine.
 The engine runs on the agent's main thread; the transport's network thread only puts
 ``(topic, payload)`` pairs on a queue.
@@ -45,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.inbox import EngineStats, Inbox
+from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
 from meshfl.errors import ConfigError
@@ -56,9 +61,10 @@ from meshfl.wire import (
     control_topic,
     delta_topic,
     new_message_id,
-    pack_message,
+    split_message,
     status_topic,
 )
+from meshfl.wire.serde import Sign, encode_envelope
 
 __all__ = ["EngineStats", "GossipEngine", "status_payload"]
 
@@ -107,6 +113,12 @@ class GossipEngine(Inbox):
         (default 2; 0 makes async wait like sync).
     quorum
         Fraction of neighbours a sync round waits for, in (0, 1] (default 1: all).
+    signer
+        Signs every envelope this device publishes (``sign(bytes) -> 64 bytes``, e.g.
+        :class:`~edge_agent.signing.Signer`); ``None`` (default): unsigned.
+    verifier
+        Verifies neighbours' envelopes (:class:`~edge_agent.signing.Verifier`); ``None``
+        (default): nothing is verified.
 
     Raises
     ------
@@ -130,6 +142,8 @@ class GossipEngine(Inbox):
         staleness: int = 2,
         quorum: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        signer: Sign | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown gossip mode {mode!r}; use sync or async")
@@ -145,7 +159,9 @@ class GossipEngine(Inbox):
             algorithm=algorithm,
             deadline_s=deadline_s,
             clock=clock,
+            verifier=verifier,
         )
+        self.signer = signer
         self.transport = transport
         self.deadline_s = deadline_s
         self.max_payload = max_payload
@@ -334,7 +350,8 @@ class GossipEngine(Inbox):
             tensors=tensors,
         )
         topic = delta_topic(self.fleet, self.device_id)
-        for chunk in pack_message(env, self.max_payload):
+        message = encode_envelope(env, self.signer)
+        for chunk in split_message(message, env.message_id, self.max_payload):
             self.transport.publish(topic, chunk, qos=1)
 
     def _round_complete(self, round_: int, row: set[str]) -> bool:

@@ -8,6 +8,15 @@ a replica. :class:`~edge_agent.engine.GossipEngine` adds publishing and rounds.
 
 The transport's network thread only puts ``(topic, payload)`` pairs on a queue; all
 handling happens on the thread that calls :meth:`Inbox.drain` or the engine's waits.
+
+**Signed deltas.** With a :class:`~edge_agent.signing.Verifier` (a ``signed_deltas`` job),
+every envelope of this job is verified before anything else reads it: unsigned ones are
+counted in ``unsigned``, ones whose signature does not verify with the sender's
+registered key (or whose sender has none) in ``bad_signature``, and validly signed ones
+whose sequence number is at or below the highest already accepted from that sender — or,
+from a sender not heard from before, whose round is older than this device can use — in
+``replayed``. Each is dropped; the model never sees it. Without a verifier (unit tests on
+the in-memory bus) nothing is checked and repeated sequence numbers count as duplicates.
 """
 
 from __future__ import annotations
@@ -19,14 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_agent.mailbox import Mailbox
+from edge_agent.signing import RejectLog, Verdict, Verifier
 from meshfl.aggregation import GossipAlgorithm
 from meshfl.errors import MeshflError
 from meshfl.wire import Envelope, MessageKind, Reassembler, parse_topic
-from meshfl.wire.serde import decode_envelope
+from meshfl.wire.serde import DecodedEnvelope, decode_envelope_signed
 
 __all__ = ["EngineStats", "Inbox"]
 
 log = logging.getLogger("meshfl.agent.engine")
+
+FIRST_CONTACT_ROUNDS = 2
+"""Rounds beyond ``staleness`` a first message from a sender may lag this device's round
+(older: refused as replayed; later messages are held to their sequence numbers)."""
 
 
 @dataclass
@@ -43,6 +57,9 @@ class EngineStats:
     keyframes_sent: int = 0
     awaiting_keyframe: int = 0  # differences dropped because their replica was unknown
     gaps: int = 0  # sequence gaps that forced a keyframe request
+    unsigned: int = 0  # signed job: envelopes without a signature
+    bad_signature: int = 0  # signed job: signature invalid, or the sender has no key
+    replayed: int = 0  # signed job: a (sender, sequence) or round already used up
     rejected_reasons: list[str] = field(default_factory=list)
 
 
@@ -61,6 +78,9 @@ class Inbox(Mailbox):
         The round deadline (seconds); chunk reassembly waits at least 4× as long.
     clock
         Monotonic clock (seconds).
+    verifier
+        Checks peers' signatures (a ``signed_deltas`` job); ``None`` (default): no
+        checks (see the module docstring).
 
     """
 
@@ -74,6 +94,7 @@ class Inbox(Mailbox):
         algorithm: GossipAlgorithm,
         deadline_s: float,
         clock: Callable[[], float],
+        verifier: Verifier | None = None,
     ) -> None:
         self.fleet = fleet
         self.job_id = job_id
@@ -82,6 +103,9 @@ class Inbox(Mailbox):
         self.algorithm = algorithm
         super().__init__(clock)
         self.stats = EngineStats()
+        self.verifier = verifier
+        self._refusals = RejectLog(log, clock=clock)
+        self._high_seq: dict[str, int] = {}  # signed job: highest sequence accepted per sender
         self.control: list[dict[str, Any]] = []
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
@@ -145,7 +169,7 @@ class Inbox(Mailbox):
             elif info.kind == "delta":
                 message = self._reassembler.feed(payload)
                 if message is not None:
-                    self._on_envelope(info.device, decode_envelope(message))
+                    self._on_envelope(info.device, decode_envelope_signed(message), topic)
         except MeshflError as exc:
             self._reject(f"dropped a message on {topic}: {exc}")
 
@@ -182,13 +206,23 @@ class Inbox(Mailbox):
         elif state == "online" and device in self._ready:
             self._offline.add(device)  # it was in this job and has left it (done or stopped)
 
-    def _on_envelope(self, topic_device: str | None, env: Envelope) -> None:
+    def _on_envelope(self, topic_device: str | None, decoded: DecodedEnvelope, topic: str) -> None:
+        env = decoded.envelope
         if env.fleet != self.fleet or env.job != self.job_id:
             self.stats.foreign += 1
+            return
+        verdict = None if self.verifier is None else self.verifier.verify(decoded)
+        if verdict is not None:
+            self._refuse(verdict, env, topic)
             return
         if env.sender != topic_device or env.sender not in self._applied:
             self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
             return
+        if self.verifier is not None:
+            if self._replayed(env):
+                self._refuse(Verdict.REPLAYED, env, topic)
+                return
+            self._high_seq[env.sender] = env.sequence
         seen = self._applied[env.sender]
         if env.sequence in seen:
             self.stats.duplicates += 1
@@ -198,6 +232,16 @@ class Inbox(Mailbox):
             self._held.setdefault(env.round, []).append(env)
         else:
             self._apply(env)
+
+    def _replayed(self, env: Envelope) -> bool:
+        """A validly signed envelope this device must not use again (or cannot use)."""
+        high = self._high_seq.get(env.sender)
+        if high is not None:
+            return env.sequence <= high
+        return env.round + self.staleness + FIRST_CONTACT_ROUNDS < self._round
+
+    def _refuse(self, verdict: Verdict, env: Envelope, topic: str) -> None:
+        self._refusals(self.stats, verdict, env.sender, env.round, topic)
 
     def _apply(self, env: Envelope) -> None:
         sender = env.sender

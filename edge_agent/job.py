@@ -15,6 +15,7 @@ from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
 from edge_agent.secure_engine import SecureEngine
 from edge_agent.secure_job import build_secure_engine
+from edge_agent.signing import Signer, Verifier
 from edge_agent.transport.base import Transport
 from edge_agent.versions import TopologyVersion
 from meshfl.aggregation import (
@@ -95,6 +96,8 @@ class JobRunner:
         self.spec = assignment["spec"]
         self.job_id = assignment["job_id"]
         self.privacy = PrivacyOptions()
+        self.signer: Signer | None = None  # set by run() for a signed_deltas job
+        self.verifier: Verifier | None = None
 
     def run(self, x: np.ndarray, y: np.ndarray) -> None:
         """Run every round of the job on local data ``x`` (n, d) float32, ``y`` (n,) int64."""
@@ -104,6 +107,7 @@ class JobRunner:
 
         spec = self.spec
         self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
+        self.signer, self.verifier = self._signing()
         check_model_fit(x, y, spec["model"])
         x_test, y_test = self._test_data()
         check_model_fit(x_test, y_test, spec["model"])
@@ -166,6 +170,8 @@ class JobRunner:
             mode=spec.get("mode", "sync"),
             staleness=spec.get("staleness", 2),
             quorum=spec.get("quorum", 1.0),
+            signer=self.signer,
+            verifier=self.verifier,
         )
 
     def _secure_engine(self, params: dict[str, np.ndarray]) -> SecureEngine:
@@ -184,6 +190,8 @@ class JobRunner:
                 params=params,
                 options=self.privacy,
                 timeout_s=max(60.0, self.spec["round_deadline_s"]),
+                signer=self.signer,
+                verifier=self.verifier,
             )
         except CoordinatorUnreachable:
             raise
@@ -223,6 +231,7 @@ class JobRunner:
         sent0, received0 = self.transport.bytes_sent, self.transport.bytes_received
         sent, received = sent0, received0  # counters at the end of the previous round
         accuracy = 0.0
+        refused = _refused(engine)  # counters at the end of the previous round
         self.plan = self.assignment["plan"]
         async_mode = spec.get("mode", "sync") == "async"
         # Reports go out on the reporter's thread: no round waits for the coordinator.
@@ -274,6 +283,12 @@ class JobRunner:
                     "round_s": time.perf_counter() - started,
                 }
                 sent, received = now_sent, now_received
+                if self.verifier is not None:
+                    now_refused = _refused(engine)
+                    metrics["rejected_unsigned"] = now_refused[0] - refused[0]
+                    metrics["rejected_signature"] = now_refused[1] - refused[1]
+                    metrics["rejected_replayed"] = now_refused[2] - refused[2]
+                    refused = now_refused
                 reporter.post_metrics(metrics)
                 log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
                 if (
@@ -294,6 +309,9 @@ class JobRunner:
                     engine, GossipEngine
                 ):  # Hop-style: a device that fell behind skips to stay within τ
                     nxt = max(nxt, engine.frontier() - engine.staleness + 1)
+                if nxt <= spec["rounds"] and self._hold(reporter, nxt):
+                    log.info("job %s was stopped by the coordinator while paused", self.job_id)
+                    break
                 round_ = nxt
         finally:
             reporter.close()
@@ -319,6 +337,32 @@ class JobRunner:
         self.transport.flush(10.0)
         if engine.stats.rejected:
             log.warning("rejected %d malformed messages", engine.stats.rejected)
+        unsigned, bad, replayed = _refused(engine)
+        if unsigned or bad or replayed:
+            log.warning(
+                "refused %d unsigned, %d badly signed and %d replayed messages",
+                unsigned,
+                bad,
+                replayed,
+            )
+
+    def _signing(self) -> tuple[Signer | None, Verifier | None]:
+        """The job's signer and verifier; ``(None, None)`` if ``signed_deltas`` is false.
+
+        Raises
+        ------
+        ConfigError
+            The job is signed but this device has no identity key (the job is declined).
+
+        """
+        if not self.spec.get("signed_deltas", True):
+            return None, None
+        if self.identity is None:
+            raise ConfigError(
+                f"job {self.job_id} signs its deltas and this device has no identity key;"
+                " enrol it again with `meshfl agent run --token ...`"
+            )
+        return Signer(self.identity), Verifier(self.assignment.get("peer_keys", {}))
 
     def _publish(self, path: Path) -> None:
         """Upload the final ``model.onnx`` (a ``publish_model`` job); never raises.
@@ -376,7 +420,38 @@ class JobRunner:
         version = TopologyVersion.from_assignment(current)
         self.versions.setdefault(version.version, version)
         self.plan = current["plan"]
+        if self.verifier is not None:  # devices that joined since: verify their deltas
+            self.verifier.update(current.get("peer_keys", {}))
         return False
+
+    def _hold(self, reporter: Reporter, next_round: int) -> bool:
+        """Wait while the job is paused before ``next_round``; True if it was stopped meanwhile.
+
+        The pause holds from the assignment's ``pause_round`` on (a device that learns of
+        it a round late waits before its next round). The reporter keeps polling every
+        ``poll_s`` while this thread waits on its polls; each poll counts as this device's
+        activity, so the coordinator never takes a waiting device for a dead one.
+        """
+        if not self._paused(reporter, next_round):
+            return False
+        log.info("job %s is paused: waiting before round %d", self.job_id, next_round)
+        wait_s = max(1.0, 4 * self.config.poll_s)
+        while self._paused(reporter, next_round):
+            reporter.wait_for_poll(wait_s)
+            if self._poll(reporter):
+                return True
+        log.info("job %s resumed: round %d starts", self.job_id, next_round)
+        return False
+
+    def _paused(self, reporter: Reporter, next_round: int) -> bool:
+        """Whether the latest assignment holds this job before ``next_round``."""
+        _, current = reporter.assignment()
+        return (
+            current is not None
+            and current["job_id"] == self.job_id
+            and current["status"] == "paused"
+            and next_round >= int(current.get("pause_round", 0))
+        )
 
     def _fresh_link(self) -> CapabilityProfile:
         """The link figures: the agent's recent measurement if young enough, else a new one.
@@ -524,6 +599,12 @@ class JobRunner:
             f"job {self.job_id} names no test data and {self.config.data} has no"
             " x_test/y_test arrays; pass --test-data FILE"
         )
+
+
+def _refused(engine: GossipEngine | SecureEngine) -> tuple[int, int, int]:
+    """The engine's refusal counters so far: (unsigned, bad signature, replayed)."""
+    stats = engine.stats
+    return stats.unsigned, stats.bad_signature, stats.replayed
 
 
 def _fmt(value: float | None) -> str:

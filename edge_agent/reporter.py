@@ -3,8 +3,9 @@
 The coordinator is the control plane: no round should wait for it. A running job hands
 its round reports and re-measured profiles to a :class:`Reporter`, whose thread posts
 them in order (the REST client retries transient failures) and reads the device's
-assignment every ``poll_s`` seconds, so that the round loop learns of a stop or a new
-topology version without a request of its own. Topology versions also arrive on the
+assignment every ``poll_s`` seconds, so that the round loop learns of a stop, a pause or
+a new topology version without a request of its own (a paused job's round loop waits on
+those polls, :meth:`Reporter.wait_for_poll`). Topology versions also arrive on the
 control topic; the poll is the fallback.
 """
 
@@ -66,6 +67,8 @@ class Reporter:
         self._lock = threading.Lock()
         self._latest: Assignment | None = None
         self._polled = False
+        self._polls = 0  # completed polls, for wait_for_poll
+        self._poll_done = threading.Condition(self._lock)
         self._error: MeshflError | None = None
         self._thread = threading.Thread(target=self._run, name="meshfl-reporter", daemon=True)
         self._thread.start()
@@ -98,6 +101,17 @@ class Reporter:
         """Return ``(polled, latest)``: whether a poll completed yet, and what it read."""
         with self._lock:
             return self._polled, self._latest
+
+    def wait_for_poll(self, timeout_s: float) -> bool:
+        """Block until the next assignment poll completes; False after ``timeout_s`` seconds.
+
+        Raises a request's failure kept by the reporter thread (then no poll will come).
+        """
+        with self._poll_done:
+            seen = self._polls
+            done = self._poll_done.wait_for(lambda: self._polls > seen, timeout_s)
+        self._raise()
+        return done
 
     @property
     def backlog(self) -> int:
@@ -135,8 +149,10 @@ class Reporter:
 
     def _poll(self) -> None:
         current = self.client.assignment(self.device_id)
-        with self._lock:
+        with self._poll_done:
             self._latest, self._polled = current, True
+            self._polls += 1
+            self._poll_done.notify_all()
 
     def _call(self, request: Callable[[], object]) -> None:
         try:

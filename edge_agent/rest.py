@@ -4,7 +4,10 @@ The one place where the agent talks HTTP: httpx's transport errors become
 :class:`~meshfl.errors.CoordinatorUnreachable`, a refusal (4xx) becomes
 :class:`~meshfl.errors.CoordinatorError` carrying the coordinator's one-line reason.
 Transient failures (connection errors, 5xx) are retried with jittered exponential
-backoff up to ``retry_s`` seconds; a refusal is never retried.
+backoff up to ``retry_s`` seconds; a 429 (rate limit) is retried after its
+``Retry-After`` while that fits in ``retry_s``; any other refusal is never retried. A 401 whose
+``WWW-Authenticate`` says ``device revoked`` (RFC 6750 ``invalid_token``) becomes
+:class:`DeviceRevoked`: the operator revoked this device, and the agent stops.
 """
 
 from __future__ import annotations
@@ -37,9 +40,20 @@ from meshfl.contract import (
 )
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 
-__all__ = ["Consensus", "CoordinatorClient"]
+__all__ = ["Consensus", "CoordinatorClient", "DeviceRevoked"]
 
 log = logging.getLogger("meshfl.agent.rest")
+
+
+class DeviceRevoked(CoordinatorError):
+    """The coordinator revoked this device: its token no longer works (exit code 3).
+
+    Retrying cannot help; the device needs a new identity (enrol again with a new
+    enrolment token). The distinct exit code lets a supervisor stop restarting it
+    (systemd ``RestartPreventExitStatus=3``).
+    """
+
+    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -234,6 +248,16 @@ class CoordinatorClient:
             else:
                 if response.is_success or response.status_code == 304:
                     return response
+                if _revoked(response):
+                    raise DeviceRevoked(
+                        f"stopping: {_detail(response)}", status=response.status_code
+                    )
+                if response.status_code == 429:  # rate limited: wait as told, then retry
+                    wait_s = _retry_after_s(response)
+                    if time.monotonic() + wait_s < deadline:
+                        log.warning("coordinator rate limit reached; retrying in %.0f s", wait_s)
+                        time.sleep(wait_s)
+                        continue
                 if response.status_code < 500:
                     raise CoordinatorError(
                         f"coordinator refused {method} {path}: {_detail(response)}",
@@ -248,6 +272,20 @@ class CoordinatorClient:
             log.warning("%s; retrying in %.1f s", problem, delay)
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 5.0)
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """Seconds to wait before retrying a 429 (``Retry-After`` in seconds; 1 s if absent)."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 0.1), 60.0)
+    except ValueError:
+        return 1.0
+
+
+def _revoked(response: httpx.Response) -> bool:
+    """Whether the coordinator refused this device's token because it was revoked."""
+    challenge = response.headers.get("www-authenticate", "")
+    return response.status_code == 401 and "device revoked" in challenge
 
 
 def _detail(response: httpx.Response) -> str:

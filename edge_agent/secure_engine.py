@@ -20,6 +20,12 @@ lists it as a survivor, so every replica stays consistent through dropouts. Mess
 per edge on ``meshfl/v1/{fleet}/node/{dst}/inbox/{src}`` as chunked envelopes: masked
 inputs as kind SECURE_INPUT, protocol messages as kind SECAGG (a JSON body). The protocol
 and its trust assumptions are in ``docs/privacy.md``.
+
+In a ``signed_deltas`` job every envelope is signed with the device's identity key and
+verified on arrival before anything reads it (``docs/security.md``, "Signed deltas"):
+unsigned, mis-signed and replayed ones (a sequence number at or below the sender's
+highest accepted, or a round older than the rounds kept) are counted in
+:class:`SecureStats` and dropped.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from edge_agent.secagg.holder import (
     encode_reveal,
     encode_shares,
 )
+from edge_agent.signing import RejectLog, Verdict, Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import (
     Contribution,
@@ -83,11 +90,11 @@ from meshfl.wire import (
     control_topic,
     inbox_topic,
     new_message_id,
-    pack_message,
     parse_topic,
+    split_message,
     status_topic,
 )
-from meshfl.wire.serde import decode_envelope
+from meshfl.wire.serde import DecodedEnvelope, Sign, decode_envelope_signed, encode_envelope
 
 __all__ = ["Directory", "SecureEngine", "SecureStats", "canonical_declaration"]
 
@@ -131,6 +138,9 @@ class SecureStats:
     refusals: int = 0  # requests for both shares of one peer, refused
     rejected: int = 0  # malformed or unverifiable messages
     committed: int = 0  # own contributions confirmed included by their aggregator
+    unsigned: int = 0  # signed job: envelopes without a signature
+    bad_signature: int = 0  # signed job: signature invalid, or the sender has no key
+    replayed: int = 0  # signed job: a (sender, sequence) or round already used up
     rejected_reasons: list[str] = field(default_factory=list)
 
 
@@ -175,6 +185,9 @@ class SecureEngine(Mailbox):
         Chunk size limit of an MQTT payload (bytes).
     rng
         Stochastic rounding and DP noise (masks and self-mask seeds use OS entropy).
+    signer, verifier
+        Sign every envelope sent / verify every one received (a ``signed_deltas`` job);
+        ``None`` (default): unsigned, unchecked.
 
     """
 
@@ -197,8 +210,11 @@ class SecureEngine(Mailbox):
         max_payload: int,
         rng: np.random.Generator,
         clock: Callable[[], float] = time.monotonic,
+        signer: Sign | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.transport = transport
+        self.signer, self.verifier = signer, verifier
         self.declare = declare
         self.fleet, self.job_id, self.device_id = fleet, job_id, device_id
         self.directory = directory
@@ -223,6 +239,8 @@ class SecureEngine(Mailbox):
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._sequence = 0
         self._seen: dict[str, set[int]] = {}  # sender -> sequence numbers handled
+        self._high_seq: dict[str, int] = {}  # signed job: highest sequence accepted per sender
+        self._refusals = RejectLog(log, clock=clock)
         self._offline: set[str] = set()
         self._ready: set[str] = set()
         self._round = 0
@@ -454,7 +472,8 @@ class SecureEngine(Mailbox):
             tensors=tensors,
         )
         topic = inbox_topic(self.fleet, dst, self.device_id)
-        for chunk in pack_message(env, self.max_payload):
+        message = encode_envelope(env, self.signer)
+        for chunk in split_message(message, env.message_id, self.max_payload):
             self.transport.publish(topic, chunk, qos=1)
 
     def _send_body(self, dst: str, round_: int, body: Mapping[str, Any]) -> None:
@@ -483,9 +502,30 @@ class SecureEngine(Mailbox):
             elif info.kind == "inbox" and info.device == self.device_id:
                 message = self._reassembler.feed(payload)
                 if message is not None:
-                    self._on_envelope(info.peer, decode_envelope(message))
+                    decoded = decode_envelope_signed(message)
+                    if self._authentic(decoded, info.peer, topic):
+                        self._on_envelope(info.peer, decoded.envelope)
         except (MeshflError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._reject(f"dropped a message on {topic}: {type(exc).__name__}: {exc}")
+
+    def _authentic(self, decoded: DecodedEnvelope, src: str | None, topic: str) -> bool:
+        """Signature and replay checks of a signed job (always True without a verifier)."""
+        env = decoded.envelope
+        if self.verifier is None or env.fleet != self.fleet or env.job != self.job_id:
+            return True  # another job's message is ignored by _on_envelope
+        verdict = self.verifier.verify(decoded)
+        if verdict is None and env.sender == src:
+            high = self._high_seq.get(env.sender)
+            if (high is not None and env.sequence <= high) or (
+                env.round + _KEEP_ROUNDS < self._round
+            ):
+                verdict = Verdict.REPLAYED
+            else:
+                self._high_seq[env.sender] = env.sequence
+        if verdict is None:
+            return True
+        self._refusals(self.stats, verdict, env.sender, env.round, topic)
+        return False
 
     def _on_status(self, device: str | None, payload: bytes) -> None:
         if device is None or device not in self.correspondents:

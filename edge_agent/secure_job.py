@@ -17,11 +17,13 @@ import numpy as np
 from edge_agent.rest import CoordinatorClient
 from edge_agent.secagg.crypto import IdentityKey, JobKeys, ParsedBundle, verify_bundle
 from edge_agent.secure_engine import Directory, SecureEngine
+from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import SecureChoco
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import Assignment, SecAggDirectory
 from meshfl.errors import ConfigError, CoordinatorError, SecurityError
+from meshfl.wire.serde import Sign
 
 __all__ = ["build_secure_engine"]
 
@@ -59,8 +61,13 @@ def build_secure_engine(
     params: Mapping[str, np.ndarray],
     options: PrivacyOptions,
     timeout_s: float,
+    signer: Sign | None = None,
+    verifier: Verifier | None = None,
 ) -> SecureEngine:
     """Publish this device's keys, fetch the verified directory, build the engine.
+
+    ``signer``/``verifier`` sign and check every envelope of a ``signed_deltas`` job
+    (``None``: unsigned).
 
     Raises
     ------
@@ -128,4 +135,6 @@ def build_secure_engine(
         deadline_s=spec["round_deadline_s"],
         max_payload=spec["max_payload_bytes"],
         rng=np.random.default_rng(),
+        signer=signer,
+        verifier=verifier,
     )

@@ -12,9 +12,14 @@ Endpoints (all under :data:`API_PREFIX`; *device* = ``Authorization: Bearer
 method   path                                        auth     body → response
 =======  ==========================================  =======  ======================
 POST     /devices/enrol                              token    EnrolRequest → EnrolResponse
-GET      /devices                                    admin    → list[DevicePublic]
+GET      /devices                                    admin    → list[DevicePublic] (filters)
 GET      /devices/{device_id}                        admin    → DevicePublic
-GET      /devices/profiles                           admin    → list[DevicePublic] (filters)
+GET      /devices/profiles                           admin    → list[DevicePublic] (alias)
+PATCH    /devices/{device_id}                        admin    DevicePatch → DevicePublic
+POST     /devices/{device_id}/drain                  admin    → DevicePublic
+POST     /devices/{device_id}/undrain                admin    → DevicePublic
+POST     /devices/{device_id}/revoke                 admin    → DevicePublic
+DELETE   /devices/{device_id}                        admin    → 204
 PUT      /devices/{device_id}/profile                device   CapabilityProfile → DevicePublic
 GET      /devices/{device_id}/profiles               admin    → list[ProfileSample]
 GET      /devices/{device_id}/assignment             device   → Assignment (204: none)
@@ -22,9 +27,13 @@ POST     /jobs                                       admin    JobSpec → JobPub
 GET      /jobs                                       admin    → list[JobPublic]
 GET      /jobs/{job_id}                              admin    → JobPublic
 POST     /jobs/{job_id}/start                        admin    → JobPublic
+POST     /jobs/{job_id}/pause                        admin    → JobPublic (409 unless running)
+POST     /jobs/{job_id}/resume                       admin    → JobPublic (409 unless paused)
 POST     /jobs/{job_id}/stop                         admin    → JobPublic
 GET      /jobs/{job_id}/rounds                       admin    → list[RoundSummary]
 GET      /jobs/{job_id}/reports                      admin    → list[DeviceRoundReport]
+GET      /jobs/{job_id}/devices                      admin    → list[JobDeviceMetrics]
+GET      /jobs/{job_id}/devices/{device_id}/metrics  admin    → list[DeviceRoundMetrics]
 GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
 POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
 POST     /jobs/{job_id}/done                         device   DeviceDone → 204
@@ -33,9 +42,35 @@ PUT      /jobs/{job_id}/devices/{device_id}/model    device   ONNX bytes → Mod
 GET      /jobs/{job_id}/artifacts                    admin    → JobArtifacts
 GET      /jobs/{job_id}/artifacts/consensus.onnx     either   → ONNX bytes (ETag: sha256)
 GET      /jobs/{job_id}/artifacts/{device_id}.onnx   admin    → ONNX bytes
+GET      /topology                                   admin    → FleetTopology
+PUT      /topology                                   admin    TopologySetting → FleetTopology
 =======  ==========================================  =======  ======================
 
-``GET /healthz`` needs no auth.
+``GET /healthz`` (liveness) and ``GET /readyz`` (readiness: 503 problem details while the
+database is unreachable or not at the Alembic head) need no auth; ``GET /metrics``
+(Prometheus text) needs an operator token of any role unless the coordinator's
+``metrics_public`` setting is on. All three are at the root, not under the prefix.
+``.../devices/{device_id}/metrics`` is paged by ``limit`` (1..1000, default 100) and
+``offset``, in round order, with ``X-Total-Count``.
+
+Operator auth (issue 6): *admin* above means an operator credential — the settings'
+admin token or an API token (``/tokens``) with a role: ``GET`` routes accept every role
+(``read-only``, ``operator``, ``admin``), the other operator routes ``operator`` or
+``admin``, and ``/tokens`` only ``admin``. An expired or revoked API token is 401.
+
+=======  ==========================================  =======  ======================
+POST     /tokens                                     admin    ApiTokenCreate → ApiTokenCreated
+GET      /tokens                                     admin    → list[ApiTokenPublic]
+DELETE   /tokens/{token_id}                          admin    → 204 (revoked)
+POST     /enrolment-tokens                           operator EnrolmentTokenCreate → ...Created
+GET      /enrolment-tokens                           operator → list[EnrolmentTokenPublic]
+DELETE   /enrolment-tokens/{token_id}                operator → 204 (revoked)
+=======  ==========================================  =======  ======================
+
+Errors are RFC 9457 problem details (``application/problem+json``): ``{"type", "title",
+"status", "detail", "instance"}``, ``detail`` one line naming the problem and the fix.
+Request bodies reject unknown fields (422), except a ``CapabilityProfile``, whose
+unknown measurements are dropped (newer agents may report more).
 
 Model artifacts (a job with ``publish_model``): each participant PUTs its final
 ``model.onnx`` (``application/octet-stream``, header ``X-Content-SHA256`` = its hex
@@ -51,10 +86,14 @@ participant whose battery fell below its job's ``min_battery_percent`` (a leave)
 topology version is also pushed, retained, on ``meshfl/v1/{fleet}/control`` as JSON
 ``{"job", "version", "from_round", "kind", "devices", "W", "status"}``.
 
-``GET /devices/profiles`` is the fleet view: every device with its latest profile, in
-enrolment order, optionally only those whose profile reports at least ``min_cores``,
+``GET /devices`` (and its older alias ``/devices/profiles``) is the fleet view: every
+device with its latest profile, in enrolment order, optionally only those with every
+``tag`` given, in a ``state``, ``online``/``offline`` (``status``), or whose profile
+reports ``min_cores``/``max_cores``, ``min_memory_bytes``/``max_memory_bytes``,
 ``min_train_samples_per_s`` or ``min_uplink_bytes_per_s`` (a device that did not report
-the field does not match), paged by ``limit`` (1..1000, default 100) and ``offset``.
+the field does not match), paged by ``limit`` (1..1000, default 100) and ``offset``; the
+``X-Total-Count`` header counts every match. ``drain``, ``revoke`` and ``DELETE`` take a
+device out of its running jobs (a new topology version; docs/fleet.md, "Devices").
 ``GET /devices/{device_id}/profiles`` is one device's profile history, newest first, paged
 the same way; ``since`` (unix seconds) keeps samples received at or after it. Every
 ``PUT .../profile`` (and a profile sent at enrolment) appends a sample; the coordinator
@@ -72,18 +111,31 @@ __all__ = [
     "JOB_MODES",
     "JOB_TOPOLOGIES",
     "MAX_CLASSES",
+    "ApiRole",
+    "ApiTokenCreate",
+    "ApiTokenCreated",
+    "ApiTokenPublic",
     "Assignment",
     "CapabilityProfile",
     "CustomGraph",
     "Declaration",
     "DeviceDecline",
     "DeviceDone",
+    "DevicePatch",
     "DevicePlan",
     "DevicePublic",
+    "DeviceRoundMetrics",
     "DeviceRoundReport",
+    "DeviceSelector",
+    "DeviceState",
     "EnrolRequest",
     "EnrolResponse",
+    "EnrolmentTokenCreate",
+    "EnrolmentTokenCreated",
+    "EnrolmentTokenPublic",
+    "FleetTopology",
     "JobArtifacts",
+    "JobDeviceMetrics",
     "JobDevicePublic",
     "JobPublic",
     "JobSpec",
@@ -99,9 +151,12 @@ __all__ = [
     "RoundSummary",
     "SecAggDirectory",
     "SignedDeclaration",
+    "TopologyEdge",
     "TopologyEvent",
     "TopologyEventKind",
+    "TopologyNode",
     "TopologyPublic",
+    "TopologySetting",
 ]
 
 API_PREFIX = "/api/v1"
@@ -133,7 +188,9 @@ a neighbour whose latest message is more than ``staleness`` rounds old."""
 
 TopologyEventKind = Literal["start", "join", "leave"]
 
-JobStatus = Literal["created", "running", "completed", "failed", "stopped"]
+JobStatus = Literal["created", "running", "paused", "completed", "failed", "stopped"]
+"""``paused``: devices finish the rounds before the job's ``pause_round`` and wait there
+until it is resumed (``running`` again) or stopped (docs/fleet.md, "Jobs")."""
 
 
 class CapabilityProfile(TypedDict, total=False):
@@ -184,10 +241,24 @@ class EnrolResponse(TypedDict):
     device_token: str
     fleet: str
     broker_url: str | None
+    # Broker credentials (issue 6), present when the coordinator manages broker accounts:
+    # the MQTT username (the device id, also its client id) and a password shown only here.
+    broker_username: NotRequired[str]
+    broker_password: NotRequired[str]
+    # PEM of the CA that signed the broker's TLS certificate, when the coordinator has one.
+    broker_ca: NotRequired[str]
+
+
+DeviceState = Literal["active", "draining", "revoked"]
+"""``active``: takes work; ``draining``: finishes the round it is in, then takes no new
+work; ``revoked``: its device token and broker login no longer work (issue 6)."""
 
 
 class DevicePublic(TypedDict):
-    """A device as operators see it."""
+    """A device as operators see it.
+
+    ``online``: heard from within the coordinator's ``live_within_s`` seconds.
+    """
 
     device_id: str
     name: str
@@ -195,6 +266,23 @@ class DevicePublic(TypedDict):
     profile: CapabilityProfile
     enrolled_at: float  # unix seconds
     last_seen: float  # unix seconds
+    # Fleet management (issue 6).
+    tags: list[str]
+    labels: dict[str, str]
+    state: DeviceState
+    online: bool
+    revoked_at: float | None  # unix seconds; None: not revoked
+
+
+class DevicePatch(TypedDict, total=False):
+    """Body of ``PATCH /devices/{device_id}``: what is given replaces the stored value.
+
+    Tags and label keys match ``[A-Za-z0-9_.:-]{1,64}``; at most 32 tags and 32 labels;
+    a label value is at most 256 printable characters.
+    """
+
+    tags: list[str]
+    labels: dict[str, str]
 
 
 class ModelSpec(TypedDict):
@@ -233,13 +321,19 @@ class JobSpec(TypedDict):
     ``dense_below`` sends tensors with fewer elements uncompressed (biases, norms; 0 or
     absent: none); ``byte_budget`` (bytes per message, 0 or absent: none) sets a top-k or
     random-k codec's density to the largest that fits.
+
+    A spec without ``topology`` takes the fleet's default topology setting
+    (``GET /topology``): its kind and those of its parameters (``topology_degree``,
+    ``topology_probability``, ``topology_seed``, ``mixing``, ``custom_graph``) the spec
+    does not set; the stored job always carries ``topology``. ``select`` keeps the start
+    (and elastic joins) to active devices matching a :class:`DeviceSelector`.
     """
 
     name: str
     model: ModelSpec
     algorithm: Literal["choco", "dpsgd"]
     codec: str
-    topology: str
+    topology: NotRequired[str]  # one of JOB_TOPOLOGIES [the fleet default, see below]
     rounds: int
     learning_rate: float
     batch_size: int
@@ -280,6 +374,12 @@ class JobSpec(TypedDict):
     dp_delta: NotRequired[float]  # δ of the (ε, δ) guarantee [1e-5]
     dp_epsilon_budget: NotRequired[float]  # ε_max per device, over all its jobs [0: none]
     robust: NotRequired[str]  # "median", "trimmed:β", "clipped-gossip" [plain mixing]
+    # Signed deltas (issue 6): every envelope Ed25519-signed by its sender, verified by
+    # receivers against Assignment.peer_keys; needs every participant enrolled with an
+    # identity_key [True]. See docs/security.md.
+    signed_deltas: NotRequired[bool]
+    # Fleet management (issue 6): start only on active devices matching this [all devices].
+    select: NotRequired[DeviceSelector]
 
 
 class CustomGraph(TypedDict):
@@ -287,6 +387,72 @@ class CustomGraph(TypedDict):
 
     n: int
     edges: list[list[int]]  # pairs [i, j] (JSON arrays)
+
+
+class DeviceSelector(TypedDict, total=False):
+    """Which devices a job may run on (``JobSpec.select``; every field given must hold).
+
+    ``tags``: the device carries every one of them; the ``min_*`` fields compare with the
+    device's latest capability profile (a device that did not report the field does not
+    match). Only devices in state ``active`` are ever selected.
+    """
+
+    tags: list[str]
+    min_cores: int
+    min_memory_bytes: int
+    min_train_samples_per_s: float
+    min_uplink_bytes_per_s: float  # bytes per second
+
+
+class TopologySetting(TypedDict):
+    """The fleet's default topology (``PUT /topology``); the names are ``JobSpec``'s.
+
+    Absent parameters take the job defaults (degree 4, probability 0.3, the job's seed —
+    0 in the fleet preview —, Metropolis–Hastings). ``custom_graph`` is required with
+    ``topology`` ``custom`` and refused otherwise.
+    """
+
+    topology: str
+    topology_degree: NotRequired[int]
+    topology_probability: NotRequired[float]
+    topology_seed: NotRequired[int]
+    mixing: NotRequired[Literal["metropolis-hastings", "max-degree"]]
+    custom_graph: NotRequired[CustomGraph]
+
+
+class TopologyNode(TypedDict):
+    """A device in the fleet graph and its self weight w_ii."""
+
+    device_id: str
+    name: str
+    self_weight: float
+
+
+class TopologyEdge(TypedDict):
+    """An undirected edge of the fleet graph and its mixing weight w_ij (= w_ji)."""
+
+    source: str  # device id
+    target: str  # device id
+    weight: float
+
+
+class FleetTopology(TypedDict):
+    """``GET /topology``: the default setting and the graph it gives the fleet now.
+
+    The graph is built over the live (heard from within ``live_within_s``), ``active``
+    devices ordered by name then id, as a job starting on all of them would get it;
+    ``spectral_gap`` is 1 − |λ₂(W)|. ``error`` says why no graph could be built for that
+    many devices (``nodes`` and ``edges`` are then empty and ``spectral_gap`` ``None``), or
+    that the graph is disconnected (shown, with its gap 0: a job would not start on it).
+    ``updated_at`` is ``None`` while the built-in default (a ring) is in force.
+    """
+
+    setting: TopologySetting
+    updated_at: float | None  # unix seconds, coordinator clock
+    nodes: list[TopologyNode]
+    edges: list[TopologyEdge]
+    spectral_gap: float | None
+    error: str | None
 
 
 class DevicePlan(TypedDict):
@@ -344,6 +510,12 @@ class Assignment(TypedDict):
     devices: list[str]
     start_round: int
     plan: DevicePlan
+    # Signed deltas (issue 6): device id → Ed25519 identity key (raw 32 bytes, base64) of
+    # every device of this topology version that enrolled with one.
+    peer_keys: dict[str, str]
+    # Paused jobs (issue 6): the first round that must not start while ``status`` is
+    # ``paused``; present only then.
+    pause_round: NotRequired[int]
 
 
 class RoundMetrics(TypedDict):
@@ -358,6 +530,11 @@ class RoundMetrics(TypedDict):
     sketch: list[float]  # count sketch of the model, for the consensus-distance estimate
     train_s: float
     round_s: float
+    # Signed jobs (issue 6): envelopes refused this round — unsigned, bad signature (or
+    # a sender without a key), replayed (sequence or round already used up).
+    rejected_unsigned: NotRequired[int]
+    rejected_signature: NotRequired[int]
+    rejected_replayed: NotRequired[int]
 
 
 class DeviceDone(TypedDict):
@@ -378,6 +555,46 @@ class DeviceDecline(TypedDict):
     """Why a device cannot take part in a job (its data does not fit the model, ...)."""
 
     reason: str
+
+
+class DeviceRoundMetrics(TypedDict):
+    """One device's stored report of one round (``GET /jobs/{id}/devices/{device}/metrics``)."""
+
+    round: int
+    accuracy: float
+    loss: float
+    bytes_sent: int
+    bytes_received: int
+    missing: list[str]
+    train_s: float
+    round_s: float
+    received_at: float  # unix seconds, coordinator clock
+    # Signed jobs (issue 6): the round's refused envelopes, as the device reported them.
+    rejected_unsigned: NotRequired[int]
+    rejected_signature: NotRequired[int]
+    rejected_replayed: NotRequired[int]
+
+
+class JobDeviceMetrics(TypedDict):
+    """One participant's totals in a job (``GET /jobs/{id}/devices``).
+
+    ``latest_round``/``latest_accuracy`` are its highest reported round and that round's
+    accuracy (``None``: no report yet); byte totals are its done report's when it finished,
+    else the sum of its round reports; ``epsilon_spent`` is ``None`` for a job without DP.
+    """
+
+    device_id: str
+    name: str
+    joined_round: int
+    left_round: int | None
+    done: bool
+    rounds_reported: int
+    latest_round: int | None
+    latest_accuracy: float | None
+    final_accuracy: float | None
+    bytes_sent: int
+    bytes_received: int
+    epsilon_spent: float | None
 
 
 class DeviceRoundReport(TypedDict):
@@ -455,6 +672,7 @@ class JobPublic(TypedDict):
     started_at: float | None
     finished_at: float | None
     devices: list[JobDevicePublic]
+    pause_round: NotRequired[int | None]  # while paused: the first round held back
 
 
 class ModelArtifact(TypedDict):
@@ -569,18 +787,115 @@ class PrivacyStatus(TypedDict):
     releases: int
 
 
+ApiRole = Literal["admin", "operator", "read-only"]
+"""An API token's role: ``admin`` everything (token management included), ``operator``
+reads and changes devices, jobs and topology, ``read-only`` only reads."""
+
+
+class ApiTokenCreate(TypedDict):
+    """Body of ``POST /tokens`` (admin).
+
+    ``ttl_s``: seconds of life (at most ten years), absent or ``None``: never expires;
+    ``name``: a label (at most 200 printable characters).
+    """
+
+    role: ApiRole
+    name: NotRequired[str]
+    ttl_s: NotRequired[float | None]
+
+
+class ApiTokenPublic(TypedDict):
+    """An API token as listed (never its secret)."""
+
+    token_id: str
+    name: str
+    role: ApiRole
+    status: Literal["active", "expired", "revoked"]
+    created_at: float  # unix seconds, coordinator clock
+    expires_at: float | None  # unix seconds; None: never
+    revoked_at: float | None  # unix seconds; None: not revoked
+
+
+class ApiTokenCreated(ApiTokenPublic):
+    """``POST /tokens``' answer: the record and ``token``, the secret (shown only here)."""
+
+    token: str
+
+
+class EnrolmentTokenCreate(TypedDict, total=False):
+    """Body of ``POST /enrolment-tokens`` (operator); every field is optional.
+
+    ``ttl_s`` seconds it stays valid (default 3600, at most 30 days); ``uses`` how many
+    devices it may enrol (default 1: one-time; at most 10,000); ``tags`` given to each
+    device it enrols (``[A-Za-z0-9_.:-]{1,64}``, at most 32); ``name`` a label.
+    """
+
+    ttl_s: float
+    uses: int
+    tags: list[str]
+    name: str
+
+
+class EnrolmentTokenPublic(TypedDict):
+    """An enrolment token as listed (never its secret)."""
+
+    token_id: str
+    name: str
+    tags: list[str]
+    uses: int  # the quota it was created with
+    uses_left: int
+    status: Literal["active", "expired", "used up", "revoked"]
+    created_at: float  # unix seconds, coordinator clock
+    expires_at: float  # unix seconds
+    revoked_at: float | None  # unix seconds; None: not revoked
+
+
+class EnrolmentTokenCreated(EnrolmentTokenPublic):
+    """``POST /enrolment-tokens``' answer: the record and ``token``, shown only here."""
+
+    token: str
+
+
+_REQUEST_BODIES = frozenset(
+    {
+        "ApiTokenCreate",
+        "CustomGraph",
+        "Declaration",
+        "DeviceDecline",
+        "DeviceDone",
+        "DevicePatch",
+        "DeviceSelector",
+        "EnrolRequest",
+        "EnrolmentTokenCreate",
+        "JobSpec",
+        "KeyBundle",
+        "ModelSpec",
+        "PrivacySpend",
+        "RoundMetrics",
+        "TopologySetting",
+    }
+)
+"""Request bodies (and their parts) that refuse unknown fields: a misspelt option
+(``dp_noise_multipler``) is a 422, not silently ignored. ``CapabilityProfile`` is left
+out on purpose: unknown measurements are dropped, so a newer agent still enrols."""
+
+
 def _strict_bodies() -> None:
     """Make every schema above strict for pydantic: ``true`` is not 1, ``"8"`` is not 8.
 
     pydantic (the coordinator's FastAPI) reads ``__pydantic_config__`` from a TypedDict;
     setting it as a plain dict keeps this module free of pydantic. Integers are still
-    accepted where a float is expected.
+    accepted where a float is expected. The :data:`_REQUEST_BODIES` also forbid extra
+    keys (``extra="forbid"``: 422, and ``additionalProperties: false`` in the OpenAPI).
     """
     import typing_extensions
 
-    for value in list(globals().values()):
+    for name, value in list(globals().items()):
         if isinstance(value, type) and typing_extensions.is_typeddict(value):
-            value.__pydantic_config__ = {"strict": True}  # type: ignore[attr-defined]
+            config: dict[str, object] = {"strict": True}
+            if name in _REQUEST_BODIES:
+                config["extra"] = "forbid"
+            value.__pydantic_config__ = config  # type: ignore[attr-defined]
 
 
 _strict_bodies()

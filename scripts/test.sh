@@ -20,4 +20,10 @@ ruff check .
 ruff format --check .
 mypy
 lint-imports
-pytest -q -p no:cacheprovider "$@"
+if [ "$#" -gt 0 ]; then
+  pytest -q -p no:cacheprovider "$@"
+else
+  pytest -q -p no:cacheprovider -m "not fuzz"
+  # The OpenAPI fuzzing is CPU-bound generation, one test per operation: both cores.
+  pytest -q -p no:cacheprovider -n 2 -m fuzz tests/contract
+fi

@@ -20,11 +20,11 @@ from coordinator.artifacts import CONSENSUS, TooLarge
 from coordinator.consensus import ConsensusError
 from coordinator.db import Device, Job, ModelArtifact
 from coordinator.deps import (
-    AdminDep,
     AdminOrFleetDeviceDep,
     ArtifactsDep,
     NowDep,
     OwnDeviceDep,
+    ReadDep,
     SessionDep,
 )
 from coordinator.errors import Conflict, NotFound
@@ -111,7 +111,7 @@ async def put_model(
 
 @router.get("/{job_id}/artifacts", response_model=JobArtifacts)
 def list_artifacts(
-    job_id: str, _: AdminDep, session: SessionDep, artifacts: ArtifactsDep, now: NowDep
+    job_id: str, _: ReadDep, session: SessionDep, artifacts: ArtifactsDep, now: NowDep
 ) -> JobArtifacts:
     """The job's uploaded device models and its consensus model (built on first request).
 
@@ -156,7 +156,7 @@ def get_consensus(
 def get_device_model(
     job_id: str,
     device_id: str,
-    _: AdminDep,
+    _: ReadDep,
     session: SessionDep,
     artifacts: ArtifactsDep,
     if_none_match: Annotated[str | None, Header()] = None,

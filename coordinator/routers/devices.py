@@ -1,107 +1,308 @@
-"""``/devices``: enrolment, the fleet list, capability profiles, assignments."""
+"""``/devices``: enrolment, the fleet view, management, profiles, assignments.
+
+Management: tags and labels, drain/undrain, revoke, delete (:mod:`coordinator.fleet`).
+"""
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
-from coordinator import lifecycle, reports, secagg, store, validation
-from coordinator.deps import AdminDep, ControlDep, NowDep, OwnDeviceDep, SessionDep, SettingsDep
+from coordinator import fleet, lifecycle, reports, secagg, store, tokens, validation
+from coordinator.deps import (
+    BrokerAccountsDep,
+    ControlDep,
+    NowDep,
+    OperateDep,
+    OwnDeviceDep,
+    ReadDep,
+    SessionDep,
+    SettingsDep,
+)
+from coordinator.settings import CoordinatorSettings
 from meshfl.contract import (
     Assignment,
     CapabilityProfile,
+    DevicePatch,
     DevicePublic,
+    DeviceState,
     EnrolRequest,
     EnrolResponse,
     ProfileSample,
 )
+from meshfl.errors import ConfigError
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/devices", tags=["devices"])
 
+Responses = dict[int | str, dict[str, Any]]
+_BROKER_DOWN: Responses = {503: {"description": "The broker's login table could not be updated"}}
 
-@router.post("/enrol", response_model=EnrolResponse)
+
+@router.post("/enrol", response_model=EnrolResponse, responses=_BROKER_DOWN)
 def enrol(
-    body: EnrolRequest, session: SessionDep, settings: SettingsDep, now: NowDep
+    body: EnrolRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    accounts: BrokerAccountsDep,
 ) -> EnrolResponse:
-    """Give a device presenting the fleet's enrolment token a new identity and token.
+    """Give a device presenting an enrolment token a new identity and token.
 
-    ``identity_key`` (optional) is the device's Ed25519 public key, base64 of 32 raw
-    bytes (422 otherwise); secure-aggregation jobs need it to verify the device's keys.
+    The token is an operator-made enrolment token (its tags become the device's) or the
+    fleet's shared enrol token. ``identity_key`` (optional) is the device's Ed25519
+    public key, base64 of 32 raw bytes (422 otherwise): it registers the key that signs
+    the device's deltas and secure-aggregation keys, so signed jobs need it. When the
+    coordinator manages broker logins, the answer carries ``broker_username`` (the device
+    id) and ``broker_password``, shown only here; ``broker_ca`` is the broker's CA (PEM)
+    when one is configured. A 503 (the broker's logins cannot be updated) enrols nothing
+    and spends no use of the token.
     """
-    expected = settings.enrol_token or ""
-    if not hmac.compare_digest(body["token"].encode(), expected.encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "enrolment token rejected; use the enrol token printed at coordinator start "
-            "(MESHFL_COORDINATOR_ENROL_TOKEN)",
-        )
     validation.validate_name(body["name"])
-    validation.validate_profile(body.get("profile", CapabilityProfile()))
+    profile = body.get("profile", CapabilityProfile())
+    validation.validate_profile(profile)
     identity_key = body.get("identity_key")
     if identity_key is not None:
         secagg.parse_identity_key(identity_key)
+    ca = _broker_ca(settings)
+    grant = tokens.consume_enrolment_token(
+        session, body["token"], now, fleet_token=settings.enrol_token
+    )
     device, token = store.enrol_device(
         session,
         name=body["name"],
         fleet=settings.fleet,
-        profile=body.get("profile", CapabilityProfile()),
+        profile=profile,
         now=now,
         identity_key=identity_key,
+        tags=list(grant.tags),
+        commit=False,
     )
-    return EnrolResponse(
-        device_id=device.id,
-        device_token=token,
-        fleet=device.fleet,
-        broker_url=settings.broker_url,
+    reply = EnrolResponse(
+        device_id=device.id, device_token=token, fleet=device.fleet, broker_url=settings.broker_url
     )
+    if accounts is not None:
+        try:
+            reply["broker_username"], reply["broker_password"] = fleet.enrol_broker_login(
+                accounts, device
+            )
+        except ConfigError as exc:
+            session.rollback()  # no device, and the token's use is not spent
+            raise _unavailable(f"the device could not get a broker login ({exc})") from None
+    session.commit()
+    if ca is not None:
+        reply["broker_ca"] = ca
+    return reply
 
 
-@router.get("", response_model=list[DevicePublic])
-def list_devices(_: AdminDep, session: SessionDep) -> list[DevicePublic]:
-    """Every enrolled device, in enrolment order."""
-    return [reports.device_public(d) for d in store.list_devices(session)]
+def _broker_ca(settings: CoordinatorSettings) -> str | None:
+    if settings.broker_ca_file is None:
+        return None
+    try:
+        return settings.broker_ca_file.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _unavailable(
+            f"the broker CA file {str(settings.broker_ca_file)!r} cannot be read"
+            f" ({type(exc).__name__}); fix MESHFL_COORDINATOR_BROKER_CA_FILE"
+        ) from None
+
+
+def _unavailable(problem: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_503_SERVICE_UNAVAILABLE, f"{problem}; check the broker and retry"
+    )
 
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items (1..1000)")]
 Offset = Annotated[int, Query(ge=0, le=2**31, description="skip this many items first")]
 
 
-def _minimum(what: str) -> object:
-    return Query(ge=0, allow_inf_nan=False, description=f"only devices reporting {what} >= this")
+def _bound(what: str, least: bool) -> Any:
+    side = ">=" if least else "<="
+    text = f"only devices reporting {what} {side} this"
+    return Query(ge=0, allow_inf_nan=False, description=text)
 
 
-@router.get("/profiles", response_model=list[DevicePublic])
-def fleet_profiles(
-    _: AdminDep,
+_TOTAL: Responses = {
+    200: {
+        "description": "One page of matching devices",
+        "headers": {
+            "X-Total-Count": {
+                "description": "How many devices match in all pages",
+                "schema": {"type": "integer"},
+            }
+        },
+    }
+}
+
+
+@router.get("", response_model=list[DevicePublic], responses=_TOTAL)
+@router.get(
+    "/profiles",
+    response_model=list[DevicePublic],
+    responses=_TOTAL,
+    deprecated=True,
+    summary="List Devices (older alias of GET /devices)",
+)
+def list_devices(
+    _: ReadDep,
     session: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    response: Response,
     limit: Limit = 100,
     offset: Offset = 0,
-    min_cores: Annotated[float | None, _minimum("cores")] = None,
-    min_train_samples_per_s: Annotated[float | None, _minimum("train_samples_per_s")] = None,
-    min_uplink_bytes_per_s: Annotated[float | None, _minimum("uplink_bytes_per_s")] = None,
+    tag: Annotated[list[str] | None, Query(description="only devices with every tag")] = None,
+    state: Annotated[DeviceState | None, Query(description="only devices in this state")] = None,
+    status_: Annotated[
+        Literal["online", "offline"] | None,
+        Query(alias="status", description="online: heard from within live_within_s"),
+    ] = None,
+    min_cores: Annotated[float | None, _bound("cores", True)] = None,
+    max_cores: Annotated[float | None, _bound("cores", False)] = None,
+    min_memory_bytes: Annotated[float | None, _bound("memory_bytes", True)] = None,
+    max_memory_bytes: Annotated[float | None, _bound("memory_bytes", False)] = None,
+    min_train_samples_per_s: Annotated[float | None, _bound("train_samples_per_s", True)] = None,
+    min_uplink_bytes_per_s: Annotated[float | None, _bound("uplink_bytes_per_s", True)] = None,
 ) -> list[DevicePublic]:
-    """The fleet's latest profiles, in enrolment order, optionally only capable devices.
+    """The fleet's devices with their latest profiles, in enrolment order, filtered.
 
-    A device whose profile lacks a filtered field does not match that filter.
+    Every filter given must hold; a device whose profile lacks a filtered field does not
+    match it. ``X-Total-Count`` counts the matches on all pages.
     """
-    given = {
+    minimums = {
         "cores": min_cores,
+        "memory_bytes": min_memory_bytes,
         "train_samples_per_s": min_train_samples_per_s,
         "uplink_bytes_per_s": min_uplink_bytes_per_s,
     }
-    minimums = {field: least for field, least in given.items() if least is not None}
-    found = store.devices_meeting(session, minimums, limit=limit, offset=offset)
-    return [reports.device_public(d) for d in found]
+    maximums = {"cores": max_cores, "memory_bytes": max_memory_bytes}
+    for name, most in maximums.items():
+        least = minimums[name]
+        if least is not None and most is not None and least > most:
+            raise ConfigError(f"min_{name} {least:g} is above max_{name} {most:g}; swap them")
+    where = fleet.DeviceFilter(
+        tags=tuple(validation.validate_tags(tag or [], "tag")),
+        state=state,
+        online=None if status_ is None else status_ == "online",
+        minimums={k: v for k, v in minimums.items() if v is not None},
+        maximums={k: v for k, v in maximums.items() if v is not None},
+    )
+    found, total = fleet.list_devices(
+        session, where, now=now, live_within_s=settings.live_within_s, limit=limit, offset=offset
+    )
+    response.headers["X-Total-Count"] = str(total)
+    return [reports.device_public(d, now, settings.live_within_s) for d in found]
 
 
 @router.get("/{device_id}", response_model=DevicePublic)
-def get_device(device_id: str, _: AdminDep, session: SessionDep) -> DevicePublic:
-    """One device."""
-    return reports.device_public(store.get_device(session, device_id))
+def get_device(
+    device_id: str, _: ReadDep, session: SessionDep, settings: SettingsDep, now: NowDep
+) -> DevicePublic:
+    """One device (404 once deleted)."""
+    return reports.device_public(store.get_device(session, device_id), now, settings.live_within_s)
+
+
+@router.patch("/{device_id}", response_model=DevicePublic)
+def patch_device(
+    device_id: str,
+    body: DevicePatch,
+    _: OperateDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+) -> DevicePublic:
+    """Replace the device's ``tags`` and/or ``labels`` (those omitted stay as they are).
+
+    Tags and label keys match ``[A-Za-z0-9_.:-]{1,64}``; at most 32 tags and 32 labels;
+    values at most 256 printable characters (422 otherwise). Repeated tags are kept once.
+    """
+    device = fleet.patch(session, store.get_device(session, device_id), body)
+    return reports.device_public(device, now, settings.live_within_s)
+
+
+_REVOKED_CONFLICT: Responses = {409: {"description": "The device is revoked"}}
+
+
+@router.post("/{device_id}/drain", response_model=DevicePublic, responses=_REVOKED_CONFLICT)
+def drain_device(
+    device_id: str,
+    _: OperateDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
+) -> DevicePublic:
+    """Drain the device: it finishes the round it is in, then takes no new work.
+
+    It leaves each running job from the next round boundary (a new topology version
+    without it) and is neither started in nor admitted to a job until undrained.
+    Idempotent; 409 for a revoked device.
+    """
+    device = fleet.drain(session, store.get_device(session, device_id), now, control)
+    return reports.device_public(device, now, settings.live_within_s)
+
+
+@router.post("/{device_id}/undrain", response_model=DevicePublic, responses=_REVOKED_CONFLICT)
+def undrain_device(
+    device_id: str, _: OperateDep, session: SessionDep, settings: SettingsDep, now: NowDep
+) -> DevicePublic:
+    """Make a draining device active again: it may take new jobs (idempotent; 409 if revoked)."""
+    device = fleet.undrain(session, store.get_device(session, device_id))
+    return reports.device_public(device, now, settings.live_within_s)
+
+
+@router.post("/{device_id}/revoke", response_model=DevicePublic, responses=_BROKER_DOWN)
+def revoke_device(
+    device_id: str,
+    _: OperateDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    accounts: BrokerAccountsDep,
+    now: NowDep,
+) -> DevicePublic:
+    """Revoke the device: its token gets 401, its broker login is removed, it leaves its jobs.
+
+    Idempotent (``revoked_at`` keeps the first time). A 503 means the broker login could
+    not be removed although the device is revoked here: revoke again to retry.
+    """
+    device = store.get_device(session, device_id)
+    try:
+        fleet.revoke(session, device, now, control, accounts)
+    except ConfigError as exc:
+        raise _unavailable(f"device revoked, but its broker login remains ({exc})") from None
+    return reports.device_public(device, now, settings.live_within_s)
+
+
+@router.delete(
+    "/{device_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=_BROKER_DOWN,
+)
+def delete_device(
+    device_id: str,
+    _: OperateDep,
+    session: SessionDep,
+    control: ControlDep,
+    accounts: BrokerAccountsDep,
+    now: NowDep,
+) -> Response:
+    """Revoke the device, then remove it from every listing for good (404 afterwards).
+
+    A device that never took part in a job is deleted with its profile history; one with
+    job history is kept as an anonymous tombstone so that the jobs' records stay whole
+    (docs/fleet.md, "Devices").
+    """
+    device = store.get_device(session, device_id)
+    try:
+        fleet.delete_device(session, device, now, control, accounts)
+    except ConfigError as exc:
+        raise _unavailable(f"device revoked, but its broker login remains ({exc})") from None
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.put("/{device_id}/profile", response_model=DevicePublic)
@@ -109,6 +310,7 @@ def put_profile(
     body: CapabilityProfile,
     device: OwnDeviceDep,
     session: SessionDep,
+    settings: SettingsDep,
     control: ControlDep,
     now: NowDep,
 ) -> DevicePublic:
@@ -120,13 +322,13 @@ def put_profile(
     validation.validate_profile(body)
     store.update_profile(session, device, body, now)
     lifecycle.leave_on_battery(session, device, now, control)
-    return reports.device_public(device)
+    return reports.device_public(device, now, settings.live_within_s)
 
 
 @router.get("/{device_id}/profiles", response_model=list[ProfileSample])
 def get_profiles(
     device_id: str,
-    _: AdminDep,
+    _: ReadDep,
     session: SessionDep,
     limit: Limit = 100,
     offset: Offset = 0,
@@ -155,8 +357,8 @@ def get_assignment(
 ) -> Assignment | Response:
     """Return the device's current job: its row of the current W, version and plan.
 
-    An idle device with no job joins the latest running ``elastic`` job that can take
-    it (a new topology version; it starts at ``start_round``).
+    An idle, active device with no job joins the latest running ``elastic`` job that can
+    take it (a new topology version; it starts at ``start_round``).
     """
     store.touch(session, device, now)
     found = lifecycle.current_assignment(session, device, now, settings, control)
@@ -165,4 +367,4 @@ def get_assignment(
     if found is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     job, row = found
-    return reports.assignment(job, row, settings.fleet)
+    return reports.assignment(job, row, settings.fleet, lifecycle.peer_keys(session, job))

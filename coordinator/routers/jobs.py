@@ -1,19 +1,34 @@
-"""``/jobs``: create, list, start and stop jobs; devices post metrics and done here."""
+"""``/jobs``: create, start, pause, resume and stop jobs; rounds and per-device metrics.
+
+Devices post their round metrics, done and decline reports here.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
-from coordinator import budget, lifecycle, reports, store, validation
+from coordinator import budget, fleet_topology, lifecycle, reports, store, validation
 from coordinator.control import Control
 from coordinator.db import Job
-from coordinator.deps import AdminDep, ControlDep, DeviceDep, NowDep, SessionDep, SettingsDep
+from coordinator.deps import (
+    ControlDep,
+    DeviceDep,
+    NowDep,
+    OperateDep,
+    ReadDep,
+    SessionDep,
+    SettingsDep,
+)
 from coordinator.settings import CoordinatorSettings
 from meshfl.contract import (
     DeviceDecline,
     DeviceDone,
+    DeviceRoundMetrics,
     DeviceRoundReport,
+    JobDeviceMetrics,
     JobPublic,
     JobSpec,
     RoundMetrics,
@@ -42,8 +57,13 @@ def _read(
 
 
 @router.post("", response_model=JobPublic, status_code=status.HTTP_201_CREATED)
-def create_job(body: JobSpec, _: AdminDep, session: SessionDep, now: NowDep) -> JobPublic:
-    """Validate a job spec and store the job (status ``created``)."""
+def create_job(body: JobSpec, _: OperateDep, session: SessionDep, now: NowDep) -> JobPublic:
+    """Validate a job spec and store the job (status ``created``).
+
+    A spec without ``topology`` takes the fleet's default topology (``GET /topology``):
+    its kind and the parameters the spec does not set, stored with the job.
+    """
+    body = fleet_topology.fill_spec(body, fleet_topology.get_setting(session)[0])
     validation.validate_spec(body)
     spec = validation.fill_model_hash(body)  # stored with the job; agents check it
     return _public(session, store.create_job(session, spec, now))
@@ -51,7 +71,7 @@ def create_job(body: JobSpec, _: AdminDep, session: SessionDep, now: NowDep) -> 
 
 @router.get("", response_model=list[JobPublic])
 def list_jobs(
-    _: AdminDep, session: SessionDep, settings: SettingsDep, control: ControlDep, now: NowDep
+    _: ReadDep, session: SessionDep, settings: SettingsDep, control: ControlDep, now: NowDep
 ) -> list[JobPublic]:
     """Every job, oldest first."""
     jobs = store.list_jobs(session)
@@ -63,7 +83,7 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(
     job_id: str,
-    _: AdminDep,
+    _: ReadDep,
     session: SessionDep,
     settings: SettingsDep,
     control: ControlDep,
@@ -76,7 +96,7 @@ def get_job(
 @router.post("/{job_id}/start", response_model=JobPublic)
 def start_job(
     job_id: str,
-    _: AdminDep,
+    _: OperateDep,
     session: SessionDep,
     settings: SettingsDep,
     control: ControlDep,
@@ -87,37 +107,114 @@ def start_job(
     return _public(session, lifecycle.start_job(session, job, now, settings, control))
 
 
-@router.post("/{job_id}/stop", response_model=JobPublic)
-def stop_job(
+@router.post("/{job_id}/pause", response_model=JobPublic)
+def pause_job(
     job_id: str,
-    _: AdminDep,
+    _: OperateDep,
     session: SessionDep,
     settings: SettingsDep,
     control: ControlDep,
     now: NowDep,
 ) -> JobPublic:
-    """Stop a created or running job."""
+    """Hold a running job: devices finish the rounds before ``pause_round`` and wait.
+
+    409 unless the job is running.
+    """
+    job = _read(session, job_id, now, settings, control)
+    return _public(session, lifecycle.pause_job(session, job, control))
+
+
+@router.post("/{job_id}/resume", response_model=JobPublic)
+def resume_job(
+    job_id: str,
+    _: OperateDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
+) -> JobPublic:
+    """Let a paused job's devices go on from the round they wait before (409 unless paused)."""
+    job = _read(session, job_id, now, settings, control)
+    return _public(session, lifecycle.resume_job(session, job, now, control))
+
+
+@router.post("/{job_id}/stop", response_model=JobPublic)
+def stop_job(
+    job_id: str,
+    _: OperateDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
+) -> JobPublic:
+    """Stop a created, running or paused job (409 once it has ended)."""
     job = _read(session, job_id, now, settings, control)
     return _public(session, lifecycle.stop_job(session, job, now, control))
 
 
 @router.get("/{job_id}/rounds", response_model=list[RoundSummary])
-def get_rounds(job_id: str, _: AdminDep, session: SessionDep) -> list[RoundSummary]:
+def get_rounds(job_id: str, _: ReadDep, session: SessionDep) -> list[RoundSummary]:
     """One summary per round any device reported."""
     job = store.get_job(session, job_id)
     rows = store.participants(session, job)
     return reports.round_summaries(job, rows, store.round_metrics(session, job))
 
 
+@router.get("/{job_id}/devices", response_model=list[JobDeviceMetrics])
+def get_devices(job_id: str, _: ReadDep, session: SessionDep) -> list[JobDeviceMetrics]:
+    """Each participant's totals: rounds, latest accuracy, bytes, ε spent (by index)."""
+    job = store.get_job(session, job_id)
+    rows = store.participants(session, job)
+    ids = [r.device_id for r in rows]
+    epsilon = budget.job_epsilons(session, job, ids)
+    return reports.job_device_metrics(
+        rows, store.device_names(session, ids), store.round_metrics(session, job), epsilon
+    )
+
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items (1..1000)")]
+Offset = Annotated[int, Query(ge=0, le=2**31, description="skip this many items first")]
+
+
+@router.get(
+    "/{job_id}/devices/{device_id}/metrics",
+    response_model=list[DeviceRoundMetrics],
+    responses={200: {"headers": {"X-Total-Count": {"description": "reports in all pages"}}}},
+)
+def get_device_metrics(
+    job_id: str,
+    device_id: str,
+    _: ReadDep,
+    session: SessionDep,
+    response: Response,
+    limit: Limit = 100,
+    offset: Offset = 0,
+) -> list[DeviceRoundMetrics]:
+    """One participant's round reports in round order, paged (``X-Total-Count``: all).
+
+    404 when the device does not take part in the job.
+    """
+    job = store.get_job(session, job_id)
+    if device_id not in {r.device_id for r in store.participants(session, job)}:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"device {device_id!r} does not take part in job {job_id!r}; list its devices"
+            f" with GET /api/v1/jobs/{job_id}/devices",
+        )
+    rows, total = store.device_round_metrics(session, job, device_id, limit=limit, offset=offset)
+    response.headers["X-Total-Count"] = str(total)
+    return [reports.device_round_metrics(m) for m in rows]
+
+
 @router.get("/{job_id}/reports", response_model=list[DeviceRoundReport])
-def get_reports(job_id: str, _: AdminDep, session: SessionDep) -> list[DeviceRoundReport]:
+def get_reports(job_id: str, _: ReadDep, session: SessionDep) -> list[DeviceRoundReport]:
     """Every stored per-device round report, in arrival order (for time-based views)."""
     job = store.get_job(session, job_id)
     return reports.device_reports(job, store.round_metrics(session, job))
 
 
 @router.get("/{job_id}/topology", response_model=TopologyPublic)
-def get_topology(job_id: str, _: AdminDep, session: SessionDep) -> TopologyPublic:
+def get_topology(job_id: str, _: ReadDep, session: SessionDep) -> TopologyPublic:
     """Return the job's graph and mixing matrix W (409 before the job starts)."""
     job = store.get_job(session, job_id)
     if job.topology is None:

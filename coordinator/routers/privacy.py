@@ -14,11 +14,11 @@ from fastapi import APIRouter, Query, Response, status
 
 from coordinator import budget, secagg, store
 from coordinator.deps import (
-    AdminDep,
     AdminOrFleetDeviceDep,
     DeviceDep,
     NowDep,
     OwnDeviceDep,
+    ReadDep,
     SessionDep,
     SigningKeyDep,
 )
@@ -99,7 +99,7 @@ def post_spend(
 @router.get("/devices/{device_id}/privacy", response_model=PrivacyStatus)
 def get_privacy(
     device_id: str,
-    _: AdminDep,
+    _: ReadDep,
     session: SessionDep,
     delta: Annotated[
         float | None,

@@ -13,8 +13,16 @@ Connection policy (see ``docs/brokers.md``):
   ``reconnect_min_s`` (jittered ×0.5–1.5 per client, so a fleet does not reconnect in
   lock step) to ``reconnect_max_s``; subscriptions are re-sent when the broker did not
   resume the session.
+- TLS: ``mqtts://host:8883`` connects over TLS 1.2+ and checks the broker's certificate
+  against ``ca_file`` (the CA given at enrolment, or ``--broker-ca``); ``username`` and
+  ``password`` are the device's broker login (its username is also its client id).
 - Errors: paho's return and reason codes are translated here, into
-  :class:`meshfl.errors.TransportError` / :class:`~meshfl.errors.BrokerUnreachable`.
+  :class:`meshfl.errors.TransportError` / :class:`~meshfl.errors.BrokerUnreachable`, and
+  into :class:`~meshfl.errors.ConfigError` for what retrying cannot fix: a refused login
+  (CONNACK 0x86/0x87), a refused client id (0x85), and an ACL denial (SUBACK or PUBACK
+  0x87). Mosquitto 2.0's ``acl_file`` never denies a SUBSCRIBE (it filters deliveries
+  instead) but answers a denied QoS 1 PUBLISH with PUBACK 0x87; its dynamic-security
+  plugin, EMQX and HiveMQ also deny SUBSCRIBEs with 0x87.
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ import random
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
@@ -33,31 +41,34 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge_agent.transport._probe import probe_protocol
+from edge_agent.transport.address import parse_broker_address, tls_context
 from edge_agent.transport.base import Message, Transport, log
+from edge_agent.transport.refusals import (
+    BAD_LOGIN,
+    Reason,
+    acl_error,
+    code_of,
+    connack_error,
+    suback_error,
+)
 from meshfl.errors import BrokerUnreachable, ConfigError, MeshflError, TransportError
 
 __all__ = ["MqttTransport", "parse_broker_url"]
 
 _MAX_INFLIGHT = 20  # QoS 1 messages awaiting PUBACK; more are queued in paho, unbounded
 
+LOGIN_RETRY_S = 1.0
+"""Seconds before the one retry of a refused first login (see :meth:`MqttTransport.connect`)."""
+
 
 def parse_broker_url(url: str) -> tuple[str, int]:
-    """Split ``mqtt://host:port``, ``mqtt://host`` or ``host:port`` into (host, port).
+    """Split ``mqtt[s]://host[:port]`` or ``host:port`` into (host, port).
 
-    The port defaults to 1883. Raises :class:`meshfl.errors.ConfigError` for anything else.
+    The port defaults to 1883 (``mqtt``) or 8883 (``mqtts``). Raises
+    :class:`meshfl.errors.ConfigError` for anything else.
     """
-    text = url.strip()
-    try:
-        parts = urlsplit(text if "://" in text else f"mqtt://{text}")
-        port = parts.port or 1883
-    except ValueError:
-        port = -1
-        parts = urlsplit("")
-    if parts.scheme != "mqtt" or not parts.hostname or port <= 0 or parts.path not in ("", "/"):
-        raise ConfigError(
-            f"bad broker URL {url!r}; use mqtt://HOST:PORT or HOST:PORT (e.g. mqtt://127.0.0.1:1883)"
-        )
-    return parts.hostname, port
+    address = parse_broker_address(url)
+    return address.host, address.port
 
 
 def _no_delay(client: paho.Client) -> None:
@@ -92,11 +103,17 @@ class MqttTransport(Transport):
         Seconds :meth:`connect` waits for the first CONNACK.
     reconnect_min_s, reconnect_max_s : float, default 0.5 and 30.0
         Reconnect backoff bounds in seconds; the delay doubles after each failed try.
+    username, password : str or None
+        The broker login (from enrolment); None connects without one.
+    ca_file : str, Path or None
+        With ``mqtts://``: PEM of the CA that signed the broker's certificate; None trusts
+        the system's CA store. Refused with a plain ``mqtt://`` URL.
 
     Raises
     ------
     ConfigError
-        ``url`` is not a broker URL.
+        ``url`` is not a broker URL, ``ca_file`` is given without ``mqtts://`` or cannot
+        be loaded, or a password is given without a username.
 
     """
 
@@ -109,9 +126,22 @@ class MqttTransport(Transport):
         connect_timeout_s: float = 10.0,
         reconnect_min_s: float = 0.5,
         reconnect_max_s: float = 30.0,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
         super().__init__()
-        self.host, self.port = parse_broker_url(url)
+        address = parse_broker_address(url)
+        self.host, self.port = address.host, address.port
+        if ca_file is not None and not address.tls:
+            raise ConfigError(
+                f"a broker CA was given but {url!r} is not a TLS URL; use mqtts://{address}"
+            )
+        if password is not None and not username:
+            raise ConfigError("a broker password was given without a username")
+        self._tls = tls_context(ca_file) if address.tls else None
+        self._username = username
+        self._password = password
         self.keepalive_s = keepalive_s
         self.session_expiry_s = session_expiry_s
         self.connect_timeout_s = connect_timeout_s
@@ -123,8 +153,12 @@ class MqttTransport(Transport):
         self._protocol = ""
         self._lock = threading.Lock()
         self._subscriptions: dict[str, int] = {}
-        self._unacked: set[int] = set()
-        self._acked_early: set[int] = set()
+        self._unacked: dict[int, str] = {}  # mid -> topic, awaiting PUBACK
+        self._acked_early: dict[int, int] = {}  # mid -> PUBACK reason, came before publish returned
+        self._denied: ConfigError | None = None  # a PUBACK 0x87, raised by the next publish/flush
+        self._fatal: ConfigError | None = None  # a reconnect refused for good (login revoked)
+        self._client_id = ""
+        self._refused: int | None = None  # the reason code of the last refused CONNACK
         self._connected = False
         self._ever_connected = False
         self._closing = False
@@ -132,7 +166,7 @@ class MqttTransport(Transport):
         self._first_result = threading.Event()
         self._first_error: MeshflError | None = None
         self._subacks = threading.Condition()
-        self._subacked: dict[int, str | None] = {}  # mid -> failure reason or None
+        self._subacked: dict[int, list[Any]] = {}  # mid -> failed SUBACK reason codes
         self._initial_subscriptions: dict[int, str] = {}  # mid -> filter, sent on connect
 
     @property
@@ -144,11 +178,34 @@ class MqttTransport(Transport):
     def connect(self, client_id: str, will: Message | None = None) -> None:
         """Connect as ``client_id``; see :meth:`Transport.connect`.
 
-        The will is always published retained. Raises BrokerUnreachable or TransportError.
+        The will is always published retained. A refused login is tried once more after
+        :data:`LOGIN_RETRY_S` seconds: a login added a moment ago (enrolment) may not be
+        loaded by the broker yet (Mosquitto reloads its password file on SIGHUP).
+
+        Raises
+        ------
+        BrokerUnreachable
+            Nothing answered at the broker address.
+        ConfigError
+            The broker refused the login or the client id, the TLS certificate does not
+            verify, or a subscription made before connecting is denied by its ACL.
+        TransportError
+            The broker refused the connection otherwise.
+
         """
         if self._client is not None:
             raise TransportError(f"already connected to {self._where}; call close() first")
-        self._protocol = probe_protocol(self.host, self.port, self.connect_timeout_s)
+        try:
+            self._connect_once(client_id, will)
+        except ConfigError:
+            if self._refused not in BAD_LOGIN or not self._username:
+                raise
+            log.info("login refused by %s; retrying in %g s", self._where, LOGIN_RETRY_S)
+            time.sleep(LOGIN_RETRY_S)
+            self._connect_once(client_id, will)
+
+    def _connect_once(self, client_id: str, will: Message | None) -> None:
+        self._protocol = probe_protocol(self.host, self.port, self.connect_timeout_s, self._tls)
         v5 = self._protocol == "MQTTv5"
         client = paho.Client(
             CallbackAPIVersion.VERSION2,
@@ -156,6 +213,12 @@ class MqttTransport(Transport):
             protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
             clean_session=None if v5 else False,
         )
+        self._client_id = client_id
+        self._fatal = self._denied = self._refused = None
+        if self._tls is not None:
+            client.tls_set_context(self._tls)
+        if self._username:
+            client.username_pw_set(self._username, self._password)
         client.connect_timeout = self.connect_timeout_s
         client.max_inflight_messages_set(_MAX_INFLIGHT)
         client.max_queued_messages_set(0)
@@ -193,13 +256,14 @@ class MqttTransport(Transport):
         if self._first_result.wait(self.connect_timeout_s) and self._first_error is None:
             try:
                 self._await_initial_subacks(self.connect_timeout_s - (time.monotonic() - started))
-            except TransportError:
+            except (TransportError, ConfigError):
                 self._shutdown(client)
                 raise
             return
         error = self._first_error or BrokerUnreachable(
             f"MQTT broker at {self._where} did not accept the connection within "
             f"{self.connect_timeout_s:g} s; check that it runs and the --broker URL"
+            " (mqtts:// for a TLS listener)"
         )
         self._shutdown(client)
         raise error
@@ -208,8 +272,9 @@ class MqttTransport(Transport):
         """Wait for the SUBACKs of the subscriptions made before :meth:`connect`.
 
         So that, as after :meth:`subscribe`, a message published once ``connect`` returns
-        is delivered to us. A refusal (an ACL denial) raises TransportError; a broker that
-        does not answer in time is logged and the subscriptions stay pending.
+        is delivered to us. An ACL denial (0x87) raises ConfigError, another refusal
+        TransportError; a broker that does not answer in time is logged and the
+        subscriptions stay pending.
         """
         pending = dict(self._initial_subscriptions)
         with self._subacks:
@@ -217,12 +282,8 @@ class MqttTransport(Transport):
                 lambda: all(mid in self._subacked for mid in pending), timeout=max(timeout_s, 0.1)
             )
             results = {mid: self._subacked.pop(mid) for mid in pending if mid in self._subacked}
-        refused = [f"{pending[mid]} ({why})" for mid, why in results.items() if why is not None]
-        if refused:
-            raise TransportError(
-                f"the broker at {self._where} refused the subscription to {', '.join(refused)};"
-                " check the broker's ACL for this client"
-            )
+        for mid, failed in results.items():
+            self._raise_suback(pending[mid], failed)
         if len(results) < len(pending):
             log.warning("the broker at %s has not acknowledged every subscription yet", self._where)
 
@@ -253,6 +314,7 @@ class MqttTransport(Transport):
 
         """
         client = self._require_client(f"publish to {topic}")
+        self._raise_refusals()
         try:
             info = client.publish(topic, payload, qos=qos, retain=retain)
         except ValueError as exc:
@@ -261,9 +323,20 @@ class MqttTransport(Transport):
             raise TransportError(f"cannot publish to {topic}: {_error_text(info.rc)}")
         self._bytes_sent += len(payload)
         with self._lock:
-            if qos >= 1 and info.mid not in self._acked_early:
-                self._unacked.add(info.mid)
-            self._acked_early.discard(info.mid)
+            early = self._acked_early.pop(info.mid, None)
+            if qos >= 1 and early is None:
+                self._unacked[info.mid] = topic
+            elif early == Reason.NOT_AUTHORIZED and self._denied is None:
+                self._denied = acl_error("publishing to", topic, self._client_id)
+
+    def _raise_refusals(self) -> None:
+        """Raise a refused reconnect (for good) or a PUBACK 0x87 seen since the last call (once)."""
+        if self._fatal is not None:
+            raise self._fatal
+        with self._lock:
+            denied, self._denied = self._denied, None
+        if denied is not None:
+            raise denied
 
     def subscribe(self, topic_filter: str, qos: int = 1) -> None:
         """Subscribe, and again after any reconnect without a session.
@@ -293,25 +366,37 @@ class MqttTransport(Transport):
             acked = self._subacks.wait_for(
                 lambda: mid in self._subacked, timeout=self.connect_timeout_s
             )
-            failure = self._subacked.pop(mid, None)
+            failed = self._subacked.pop(mid, [])
         if not acked and self._connected:
             raise TransportError(
                 f"the broker at {self._where} did not acknowledge the subscription to"
                 f" {topic_filter} within {self.connect_timeout_s:g} s"
             )
-        if failure is not None:
-            raise TransportError(
-                f"the broker at {self._where} refused the subscription to {topic_filter}"
-                f" ({failure}); check the broker ACL for this device"
-            )
+        self._raise_suback(topic_filter, failed)
+
+    def _raise_suback(self, topic_filter: str, failed: list[Any]) -> None:
+        """Raise for a refused subscription: ConfigError for an ACL denial, else TransportError."""
+        error = suback_error(topic_filter, failed, self._where, self._client_id)
+        if error is not None:
+            self._subscriptions.pop(topic_filter, None)  # not re-sent after a reconnect
+            raise error
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds until every QoS ≥ 1 publish got its PUBACK."""
+        """Wait up to ``timeout_s`` seconds until every QoS ≥ 1 publish got its PUBACK.
+
+        Raises
+        ------
+        ConfigError
+            The broker denied a publish (PUBACK 0x87: its ACL), or refused our login.
+
+        """
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                if not self._unacked:
-                    return True
+                done = not self._unacked
+            if done or self._fatal is not None:
+                self._raise_refusals()
+                return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)
@@ -328,11 +413,12 @@ class MqttTransport(Transport):
     ) -> None:
         _no_delay(client)
         if reason.is_failure:
-            error = TransportError(
-                f"MQTT broker at {self._where} refused the connection: {reason}; "
-                "check the client id, credentials and broker ACLs"
-            )
+            self._refused = code_of(reason)
+            error = connack_error(reason, self._where, self._client_id, bool(self._username))
             log.warning("%s", error)
+            if isinstance(error, ConfigError):
+                self._fatal = error
+                client.disconnect()  # retrying cannot fix a refused login: stop reconnecting
             if not self._ever_connected:
                 self._first_error = error
                 self._first_result.set()
@@ -379,19 +465,23 @@ class MqttTransport(Transport):
     def _on_subscribe(
         self, client: paho.Client, userdata: Any, mid: int, reasons: Any, properties: Any
     ) -> None:
-        failed = [str(r) for r in reasons if getattr(r, "is_failure", False)]
+        failed = [r for r in reasons if getattr(r, "is_failure", False)]
         with self._subacks:
-            self._subacked[mid] = ", ".join(failed) if failed else None
+            self._subacked[mid] = failed
             self._subacks.notify_all()
 
     def _on_publish(
         self, client: paho.Client, userdata: Any, mid: int, reason: Any, properties: Any
     ) -> None:
+        code = code_of(reason) or 0
         with self._lock:
-            if mid in self._unacked:
-                self._unacked.discard(mid)
-            else:
-                self._acked_early.add(mid)
+            topic = self._unacked.pop(mid, None)
+            if topic is None:
+                self._acked_early[mid] = code
+            elif code == Reason.NOT_AUTHORIZED and self._denied is None:
+                self._denied = acl_error("publishing to", topic, self._client_id)
+        if code == Reason.NOT_AUTHORIZED:
+            log.error("the broker denied a publish to %s (0x87 not authorized)", topic or "?")
 
     # -- properties ---------------------------------------------------------------------------
 

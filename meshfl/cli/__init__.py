@@ -16,6 +16,7 @@ import typer
 from meshfl.cli.agent import agent_app
 from meshfl.cli.bench import bench_app
 from meshfl.cli.data import data_app
+from meshfl.cli.fleet import fleet_app
 from meshfl.cli.job import job_app
 from meshfl.cli.local import local
 from meshfl.cli.model import model_app
@@ -37,6 +38,7 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(broker_app, name="broker")
 app.add_typer(job_app, name="job")
+app.add_typer(fleet_app, name="fleet")
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 app.add_typer(topology_app, name="topology")

@@ -23,7 +23,17 @@ def run(
         Path, typer.Option(help="Local training data: .npz (x, y), .csv or an image folder.")
     ],
     broker: Annotated[
-        str | None, typer.Option(help="Broker URL (mqtt://HOST:PORT); default: the coordinator's.")
+        str | None,
+        typer.Option(
+            help="Broker URL (mqtt://HOST:PORT, mqtts:// for TLS); default: the coordinator's."
+        ),
+    ] = None,
+    broker_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="CA (PEM) of an mqtts:// broker's certificate; default: the one given at"
+            " enrolment, else the system's CA store."
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Device name (default: the host name).")] = None,
     test_data: Annotated[
@@ -73,6 +83,7 @@ def run(
             once=once,
             threads=threads,
             slowdown=slowdown,
+            broker_ca=broker_ca,
         )
     )
 

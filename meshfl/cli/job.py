@@ -295,13 +295,29 @@ def stop(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None
     typer.echo(f"job {job_id}: {job['status']}")
 
 
+@job_app.command("pause")
+def pause(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
+    """Pause a running job: devices finish the round they are in and wait."""
+    with AdminClient(coordinator, admin_token) as client:
+        job = client.pause_job(job_id)
+    typer.echo(f"job {job_id}: {job['status']} (resume it with `meshfl job resume {job_id}`)")
+
+
+@job_app.command("resume")
+def resume(coordinator: Coordinator, admin_token: AdminToken, job_id: str) -> None:
+    """Resume a paused job from its next round."""
+    with AdminClient(coordinator, admin_token) as client:
+        job = client.resume_job(job_id)
+    typer.echo(f"job {job_id}: {job['status']}")
+
+
 def _follow(client: AdminClient, job_id: str) -> None:
     from meshfl.local.admin import settled_rounds
 
     printed = 0
     while True:
         job = client.job(job_id)
-        ended = job["status"] != "running"
+        ended = job["status"] not in ("running", "paused")  # a paused job resumes later
         alive = sum(d["error"] is None for d in job["devices"])
         rounds = client.rounds(job_id)
         for r in rounds[printed:] if ended else settled_rounds(rounds, alive, lag=2)[printed:]:

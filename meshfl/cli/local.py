@@ -131,6 +131,14 @@ def local(
     dp_delta: DpDelta = DEFAULTS.dp_delta,
     dp_epsilon_budget: DpEpsilonBudget = DEFAULTS.dp_epsilon_budget,
     robust: Robust = DEFAULTS.robust,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="Run the fleet on its own Mosquitto with TLS, a broker login per device and"
+            " the fleet's ACL; deltas signed (docs/security.md). Not with --broker or --link.",
+        ),
+    ] = False,
 ) -> None:
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
@@ -139,6 +147,7 @@ def local(
     from meshfl.errors import Interrupted
     from meshfl.local.fleet import parse_kill, parse_link_option, parse_slow
     from meshfl.local.run import LocalConfig, run_local, validate
+    from meshfl.local.secure_broker import check_secure_options
 
     codec, keyframe_growth, secure_note = privacy_defaults(
         secure_aggregation > 0, dp_noise_multiplier > 0, codec, keyframe_growth
@@ -191,8 +200,10 @@ def local(
         dp_delta=dp_delta,
         dp_epsilon_budget=dp_epsilon_budget,
         robust=robust,
+        secure=secure,
     )
     validate(config)
+    check_secure_options(config)
     # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     console = Console()

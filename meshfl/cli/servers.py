@@ -1,4 +1,4 @@
-"""``meshfl coordinator serve`` and ``meshfl broker serve``."""
+"""``meshfl coordinator serve``, ``meshfl broker serve``, ``meshfl broker config`` and ``tls``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from broker.passwords import PasswordFile
     from edge_agent.transport.mqtt import MqttTransport
 
 coordinator_app = typer.Typer(help="The fleet's control plane (FastAPI).", no_args_is_help=True)
-broker_app = typer.Typer(help="The embedded MQTT broker (amqtt).", no_args_is_help=True)
+broker_app = typer.Typer(
+    help="MQTT brokers: the embedded one (amqtt), Mosquitto configuration, TLS material.",
+    no_args_is_help=True,
+)
 
 
 @coordinator_app.command("serve")
@@ -35,6 +39,35 @@ def coordinator_serve(
         Path | None,
         typer.Option(help="Where published models are kept (default: next to the database)."),
     ] = None,
+    broker_password_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Mosquitto password file the coordinator manages: a login per enrolled"
+            " device, removed on revocation (needs --broker-pid-file)."
+        ),
+    ] = None,
+    broker_pid_file: Annotated[
+        Path | None,
+        typer.Option(help="Mosquitto's pid file: SIGHUP makes it reload its logins."),
+    ] = None,
+    broker_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="CA (PEM) of the broker's TLS certificate: handed to devices at enrolment"
+            " and trusted by the coordinator's own mqtts:// connection."
+        ),
+    ] = None,
+    broker_username: Annotated[
+        str | None,
+        typer.Option(help="The coordinator's broker login (default coordinator-FLEET)."),
+    ] = None,
+    broker_password: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHFL_COORDINATOR_BROKER_PASSWORD",
+            help="Its password (default with --broker-password-file: a new one at each start).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the coordinator's REST API (OpenAPI docs at /docs).
 
@@ -42,6 +75,11 @@ def coordinator_serve(
     (e.g. MESHFL_COORDINATOR_DB_URL); without --broker-url devices need --broker. With
     --broker-url the coordinator also publishes each topology version, retained, on the
     fleet's control topic (meshfl/v1/FLEET/control).
+
+    With a secured Mosquitto (`meshfl broker config --secure`, docs/security.md):
+    --broker-password-file and --broker-pid-file let enrolment create each device's
+    broker login and revocation remove it; the coordinator also (re)creates its own
+    login there at each start and publishes with it over TLS (--broker-ca-file).
     """
     import socket
 
@@ -64,39 +102,108 @@ def coordinator_serve(
         "enrol_token": enrol_token,
         "admin_token": admin_token,
         "artifacts_dir": artifacts_dir,
+        "broker_ca_file": broker_ca_file,
     }
     settings = CoordinatorSettings(**{k: v for k, v in overrides.items() if v is not None})
-    transport = _control_transport(settings.broker_url, settings.fleet)
+    accounts = _broker_accounts(broker_password_file, broker_pid_file)
+    login = _coordinator_login(accounts, settings.fleet, broker_username, broker_password)
+    transport = _control_transport(
+        settings.broker_url, settings.fleet, login=login, ca_file=settings.broker_ca_file
+    )
     if transport is None:
-        serve(settings, host=host, port=port)
+        serve(settings, host=host, port=port, broker_accounts=accounts)
         return
 
     def publish(topic: str, payload: bytes) -> None:
         transport.publish(topic, payload, qos=1, retain=True)
 
     try:
-        serve(settings, host=host, port=port, publish=publish)
+        serve(settings, host=host, port=port, publish=publish, broker_accounts=accounts)
     finally:
         transport.flush(2.0)
         transport.close()
 
 
-def _control_transport(broker_url: str | None, fleet: str) -> MqttTransport | None:
+def _broker_accounts(password_file: Path | None, pid_file: Path | None) -> PasswordFile | None:
+    """The broker's login table the coordinator manages, or None without a password file.
+
+    Raises
+    ------
+    ConfigError
+        A pid file without a password file or the reverse.
+
+    """
+    from meshfl.errors import ConfigError
+
+    if password_file is None and pid_file is None:
+        return None
+    if password_file is None or pid_file is None:
+        raise ConfigError(
+            "--broker-password-file and --broker-pid-file go together: the broker reloads"
+            " the logins the coordinator writes when it is signalled"
+        )
+    from broker.passwords import PasswordFile, sighup_reloader
+
+    return PasswordFile(password_file, sighup_reloader(pid_file))
+
+
+def _coordinator_login(
+    accounts: PasswordFile | None, fleet: str, username: str | None, password: str | None
+) -> tuple[str, str] | None:
+    """The coordinator's own broker login, written into ``accounts`` when it manages them.
+
+    With ``accounts``: username ``coordinator-{fleet}`` unless given, the password given
+    or a new random one, (re)written at each start. Without: the login given, if any.
+    """
+    import secrets
+
+    from broker.secure import coordinator_username
+    from meshfl.errors import ConfigError
+
+    if accounts is None:
+        if password is not None and username is None:
+            username = coordinator_username(fleet)
+        if username is not None and password is None:
+            raise ConfigError("--broker-username needs --broker-password (or its env variable)")
+        return None if username is None or password is None else (username, password)
+    username = username or coordinator_username(fleet)
+    password = password or secrets.token_urlsafe(24)
+    accounts.add(username, password)
+    return username, password
+
+
+def _control_transport(
+    broker_url: str | None,
+    fleet: str,
+    *,
+    login: tuple[str, str] | None = None,
+    ca_file: Path | None = None,
+) -> MqttTransport | None:
     """Connect the coordinator's control-topic publisher (``None``: no broker, or it failed).
 
-    The client id is ``coordinator-{fleet}``; once connected, the transport reconnects by
-    itself. A broker that cannot be reached now only costs the push: agents also poll the
-    REST API every round, so the coordinator warns and runs without it.
+    The client id is the login's username, else ``coordinator-{fleet}``; ``ca_file`` is
+    trusted for an ``mqtts://`` URL. Once connected, the transport reconnects by itself. A
+    broker that cannot be reached now only costs the push: agents also poll the REST API
+    every round, so the coordinator warns and runs without it.
     """
     if not broker_url:
         return None
     from meshfl.errors import MeshflError
 
+    username, password = login if login is not None else (None, None)
     try:
+        from edge_agent.transport.address import parse_broker_address
         from edge_agent.transport.mqtt import MqttTransport
 
-        transport = MqttTransport(broker_url, connect_timeout_s=5.0)
-        transport.connect(f"coordinator-{fleet}")
+        tls = parse_broker_address(broker_url).tls
+        transport = MqttTransport(
+            broker_url,
+            connect_timeout_s=5.0,
+            username=username,
+            password=password,
+            ca_file=ca_file if tls else None,
+        )
+        transport.connect(username or f"coordinator-{fleet}")
     except ImportError as exc:  # a coordinator-only install has no MQTT client
         typer.echo(f"warning: no control-topic push ({exc}; install paho-mqtt)", err=True)
         return None
@@ -123,17 +230,105 @@ def broker_serve(
 
 @broker_app.command("config")
 def broker_config(
-    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 1883,
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="TCP port (default 1883; 8883 with --secure)."),
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Interface to listen on (default 127.0.0.1; 0.0.0.0 with --secure)."),
+    ] = None,
     persistence_dir: Annotated[
         Path | None, typer.Option(help="Where Mosquitto keeps sessions across restarts.")
     ] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure", help="A fleet's broker: TLS, per-device logins, the fleet's ACL (--out)."
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="With --secure: the directory to write everything into.")
+    ] = None,
+    fleet: Annotated[str, typer.Option(help="With --secure: the fleet the ACL is for.")] = (
+        "default"
+    ),
+    tls_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --secure: a DNS name or IP devices dial (repeatable; default"
+            " localhost and 127.0.0.1)."
+        ),
+    ] = None,
 ) -> None:
-    """Print meshfl's Mosquitto 2 configuration (the one tests and `meshfl local` run).
+    """Print meshfl's Mosquitto 2 configuration, or write a fleet's secure broker (--secure).
 
+    Without --secure: the anonymous configuration tests and `meshfl local` run, printed.
     docker/mosquitto.conf is this command's output for the compose fleet:
     meshfl broker config --host 0.0.0.0 --persistence-dir /mosquitto/data
-    """
-    from broker.mosquitto import mosquitto_config
 
-    typer.echo(mosquitto_config(port, host=host, persistence_dir=persistence_dir), nl=False)
+    With --secure: OUT/mosquitto.conf (one TLS listener, no anonymous access), OUT/acl
+    (a device writes only its own topics), an empty OUT/passwd, OUT/tls/ (a development
+    CA and the server certificate) and OUT/data/. See docs/security.md.
+    """
+    from meshfl.errors import ConfigError
+
+    if not secure:
+        if out is not None or tls_host:
+            raise ConfigError("--out and --tls-host need --secure")
+        from broker.mosquitto import mosquitto_config
+
+        text = mosquitto_config(
+            port or 1883, host=host or "127.0.0.1", persistence_dir=persistence_dir
+        )
+        typer.echo(text, nl=False)
+        return
+    if out is None:
+        raise ConfigError("--secure writes several files: pass --out DIR")
+    if persistence_dir is not None:
+        raise ConfigError("--secure keeps persistence in OUT/data; drop --persistence-dir")
+    from broker.secure import SECURE_PORT, coordinator_username, write_secure_broker
+    from broker.tls import DEFAULT_HOSTS
+
+    files = write_secure_broker(
+        out, fleet, port=port or SECURE_PORT, host=host or "0.0.0.0",
+        tls_hosts=tls_host or list(DEFAULT_HOSTS),
+    )  # fmt: skip
+    dial = (tls_host or ["localhost"])[0]
+    typer.echo(
+        f"wrote {files.config}, {files.acl}, {files.password_file} (empty) and {files.tls.ca_cert}"
+        f" (+ server certificate)\n"
+        f"start the broker:      mosquitto -c {files.config}\n"
+        f"start the coordinator: meshfl coordinator serve --fleet {fleet}"
+        f" --broker-url mqtts://{dial}:{port or SECURE_PORT}"
+        f" --broker-password-file {files.password_file} --broker-pid-file {files.pid_file}"
+        f" --broker-ca-file {files.tls.ca_cert}\n"
+        f"  (it logs in as {coordinator_username(fleet)} and adds a login per enrolled device)"
+    )
+
+
+@broker_app.command("tls")
+def broker_tls(
+    out: Annotated[Path, typer.Option(help="Directory for ca.crt/.key, server.crt/.key.")],
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="DNS name or IP in the server certificate (repeatable; default localhost"
+            " and 127.0.0.1)."
+        ),
+    ] = None,
+    client: Annotated[
+        list[str] | None,
+        typer.Option(help="Also issue client-NAME.crt/.key for this username (repeatable)."),
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, help="Validity of issued certificates.")] = 825,
+) -> None:
+    """Make development TLS material: a CA (re-used if OUT has one) and a server certificate.
+
+    Keys are written 0600. Devices trust OUT/ca.crt (handed out at enrolment by
+    `meshfl coordinator serve --broker-ca-file OUT/ca.crt`).
+    """
+    from broker.tls import DEFAULT_HOSTS, write_tls_dir
+
+    files = write_tls_dir(out, host or list(DEFAULT_HOSTS), clients=client or (), days=days)
+    typer.echo(f"CA: {files.ca_cert}\nserver: {files.server_cert} {files.server_key}")

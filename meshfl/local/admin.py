@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 import httpx
+from typing_extensions import Self
 
 from meshfl.contract import (
     API_PREFIX,
     DevicePublic,
+    DeviceRoundMetrics,
     DeviceRoundReport,
     JobArtifacts,
     JobPublic,
@@ -55,6 +57,12 @@ class AdminClient:
         """Close the connection pool."""
         self._http.close()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def devices(self) -> list[DevicePublic]:
         """Every enrolled device."""
         return cast(list[DevicePublic], self._call("GET", "/devices"))
@@ -70,6 +78,14 @@ class AdminClient:
     def stop_job(self, job_id: str) -> JobPublic:
         """Stop a running job."""
         return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/stop"))
+
+    def pause_job(self, job_id: str) -> JobPublic:
+        """Pause a running job: devices finish their round and wait."""
+        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/pause"))
+
+    def resume_job(self, job_id: str) -> JobPublic:
+        """Resume a paused job from its next round."""
+        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/resume"))
 
     def jobs(self) -> list[JobPublic]:
         """Every job, oldest first."""
@@ -87,6 +103,22 @@ class AdminClient:
         """Every per-device round report of the job, in arrival order."""
         return cast(list[DeviceRoundReport], self._call("GET", f"/jobs/{job_id}/reports"))
 
+    def device_metrics(self, job_id: str, device_id: str) -> list[DeviceRoundMetrics]:
+        """Every round report of one participant, in round order (all pages)."""
+        out: list[DeviceRoundMetrics] = []
+        while True:
+            page = cast(
+                list[DeviceRoundMetrics],
+                self._call(
+                    "GET",
+                    f"/jobs/{job_id}/devices/{device_id}/metrics",
+                    params={"limit": 1000, "offset": len(out)},
+                ),
+            )
+            out += page
+            if len(page) < 1000:
+                return out
+
     def topology(self, job_id: str) -> dict[str, Any]:
         """The job's graph, mixing matrix and spectral gap."""
         return cast(dict[str, Any], self._call("GET", f"/jobs/{job_id}/topology"))
@@ -100,21 +132,26 @@ class AdminClient:
         response = self._send("GET", path)
         return response.content
 
-    def _call(self, method: str, path: str, json: Any = None) -> Any:
-        response = self._send(method, path, json)
+    def _call(self, method: str, path: str, json: Any = None, params: Any = None) -> Any:
+        response = self._send(method, path, json, params)
         return None if response.status_code == 204 else response.json()
 
-    def _send(self, method: str, path: str, json: Any = None) -> httpx.Response:
+    def _send(self, method: str, path: str, json: Any = None, params: Any = None) -> httpx.Response:
         try:
-            response = self._http.request(method, path, json=json)
+            response = self._http.request(method, path, json=json, params=params)
         except httpx.TransportError as exc:
             raise CoordinatorUnreachable(
                 f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
             ) from None
         if not response.is_success:
             try:
-                detail = response.json().get("detail", response.text)
+                body = response.json()
             except ValueError:
-                detail = response.text
-            raise CoordinatorError(f"the coordinator refused ({response.status_code}): {detail}")
+                body = None
+            detail = body.get("detail", response.text) if isinstance(body, dict) else response.text
+            detail = " ".join(str(detail).split()) or response.reason_phrase
+            raise CoordinatorError(
+                f"the coordinator refused ({response.status_code}): {detail}",
+                status=response.status_code,
+            )
         return response

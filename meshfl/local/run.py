@@ -4,7 +4,8 @@ Starts the embedded broker (unless a broker URL is given), a coordinator on a fr
 and N agent *processes* — the same ``meshfl agent run`` a device runs — partitions the
 dataset into per-device files, runs one job, and writes ``DIR/report.json`` and
 ``DIR/report.png``. Everything it started is stopped on success, on Ctrl-C and on
-failure; a failure names the part that failed.
+failure; a failure names the part that failed. With ``secure`` the broker is a Mosquitto
+with TLS, a login per device and the fleet's ACL (:mod:`meshfl.local.secure_broker`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from meshfl.local.fleet import Churn, device_name, start_links
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
 from meshfl.local.report import build_report, write_report
+from meshfl.local.secure_broker import (
+    SECURITY_LINE,
+    SecureBroker,
+    check_secure_options,
+    rejection_totals,
+    start_secure_broker,
+)
 from meshfl.local.shaping import ShapingProxy
 from meshfl.local.validation import topology_fields, validate
 
@@ -44,7 +52,9 @@ class LocalConfig:
     agent starts, ``kill`` ``(device, round)`` pairs. The model (``docs/models.md``):
     ``model`` a zoo name or ``package.module:callable``, ``hidden`` None for the model's
     default (W1: mlp [64]), ``image_shape`` ``(C, H, W)`` for 2-D models (None: square),
-    ``model_kwargs`` a user model's keyword arguments.
+    ``model_kwargs`` a user model's keyword arguments. ``secure`` runs the fleet on its
+    own Mosquitto with TLS, per-device logins and an ACL (not with ``broker`` or
+    ``links``; :mod:`meshfl.local.secure_broker`).
     """
 
     agents: int = 8
@@ -96,6 +106,8 @@ class LocalConfig:
     dp_delta: float = 1e-5
     dp_epsilon_budget: float = 0.0
     robust: str | None = None
+    # Security (issue 6): TLS + per-device broker logins + ACL on Mosquitto.
+    secure: bool = False
 
 
 DEFAULTS = LocalConfig()
@@ -147,6 +159,7 @@ def run_local(
 
     """
     validate(config)
+    check_secure_options(config)
     out = config.out
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -166,11 +179,20 @@ def run_local(
     say = notify or (lambda line: None)
     admin: AdminClient | None = None
     proxies: dict[str, ShapingProxy] = {}
+    secure: SecureBroker | None = None
     try:
-        broker_url = config.broker or _start_broker(supervisor)
+        if config.secure:
+            secure = start_secure_broker(out)
+            broker_url = secure.url
+            say(SECURITY_LINE)
+        else:
+            broker_url = config.broker or _start_broker(supervisor)
         proxies = start_links(config, broker_url)
         enrol_token = secrets.token_urlsafe(16)
-        url, admin = _start_coordinator(supervisor, out, broker_url, enrol_token)
+        url, admin = _start_coordinator(
+            supervisor, out, broker_url, enrol_token,
+            [] if secure is None else secure.coordinator_args(),
+        )  # fmt: skip
         say(f"broker {broker_url}, coordinator {url}; starting {config.agents} agents")
         slow = {device_name(name, "--slow"): factor for name, factor in config.slow}
 
@@ -190,7 +212,7 @@ def run_local(
 
         for i in range(config.agents):
             start_agent(f"device-{i}")
-        _wait_for_enrolment(admin, supervisor, config.agents)
+        _wait_for_enrolment(admin, supervisor, config.agents, secure)
         job = admin.create_job(spec)
         job = admin.start_job(job["job_id"])
         say(f"{config.agents} agents enrolled; job {job['job_id']} started")
@@ -199,6 +221,10 @@ def run_local(
             final_job, rounds, failed = monitor(admin, supervisor, job, config, hooks, churn)
         except KeyboardInterrupt:
             raise _interrupted(config, admin, job, started, churn, proxies) from None
+        except MeshflError:
+            if secure is not None:
+                secure.check()  # a dead broker is the cause: say so
+            raise
         declined = [d for d in final_job["devices"] if d["error"]]
         if not rounds and declined:
             raise MeshflError(
@@ -214,6 +240,7 @@ def run_local(
             profiles={d["device_id"]: d["profile"] for d in admin.devices()},
             device_reports=admin.reports(job["job_id"]),
         )  # fmt: skip
+        report["security"] = _security_section(admin, final_job, spec, secure)
         say("job ended; fetching the consensus model and checking the ONNX exports")
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
@@ -226,8 +253,31 @@ def run_local(
         supervisor.stop_all()
         for proxy in proxies.values():
             proxy.stop()
+        if secure is not None:
+            secure.stop()
     report_path, plot_path = write_report(out, report)
     return LocalRun(report, report_path, plot_path, failed)
+
+
+def _security_section(
+    admin: AdminClient, job: JobPublic, spec: JobSpec, secure: SecureBroker | None
+) -> dict[str, Any]:
+    """The report's ``security`` section: what was on, and the refused envelopes summed."""
+    section: dict[str, Any] = {
+        "secure": secure is not None,
+        "broker": "mosquitto" if secure is not None else None,
+        "tls": secure is not None,
+        "broker_logins": secure is not None,
+        "acl": secure is not None,
+        "signed_deltas": bool(spec.get("signed_deltas", True)),
+        "broker_dir": None if secure is None else str(secure.directory),
+    }
+    devices = [d["device_id"] for d in job["devices"]]
+    try:
+        section["rejected"] = rejection_totals(admin, job["job_id"], devices)
+    except MeshflError as exc:  # never lose the run's report over this
+        section["rejected"] = {"error": str(exc)}
+    return section
 
 
 def _onnx_section(
@@ -359,7 +409,7 @@ def _start_broker(supervisor: Supervisor) -> str:
 
 
 def _start_coordinator(
-    supervisor: Supervisor, out: Path, broker_url: str, enrol_token: str
+    supervisor: Supervisor, out: Path, broker_url: str, enrol_token: str, extra: list[str]
 ) -> tuple[str, AdminClient]:
     admin_token = secrets.token_urlsafe(16)
     port = free_port()
@@ -370,8 +420,10 @@ def _start_coordinator(
         [
             "coordinator", "serve", "--port", str(port), "--db", f"sqlite:///{db}",
             "--broker-url", broker_url, "--enrol-token", enrol_token,
-            "--admin-token", admin_token,
+            "--admin-token", admin_token, *extra,
         ],
+        # One user on loopback: agents enrol all at once and the monitor polls per device.
+        env={f"MESHFL_COORDINATOR_RATE_LIMIT_{who}": "" for who in ("ENROL", "OPERATOR")},
     )  # fmt: skip
     try:
         wait_for_port("127.0.0.1", port, 60.0, alive=child)
@@ -381,10 +433,14 @@ def _start_coordinator(
     return url, AdminClient(url, admin_token)
 
 
-def _wait_for_enrolment(admin: AdminClient, supervisor: Supervisor, n: int) -> None:
+def _wait_for_enrolment(
+    admin: AdminClient, supervisor: Supervisor, n: int, secure: SecureBroker | None
+) -> None:
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
         check_servers(supervisor)
+        if secure is not None:
+            secure.check()
         for child in agents(supervisor):
             if child.returncode is not None:
                 raise MeshflError(f"agent {child.name} failed at start-up: {child.last_line()}")

@@ -5,11 +5,18 @@ terminated; docs/wire.md draws them as tables.
 
 Envelope::
 
-    magic "MFLW" | version u8 | kind u8 | flags u16 (=0) | round u32 | sequence u64
+    magic "MFLW" | version u8 | kind u8 | flags u16 | round u32 | sequence u64
     | message_id 16s | fleet, job, sender: (len u8, UTF-8) | tensor count u16
     | per tensor: name (len u8, UTF-8), dtype u8, ndim u8, shape ndim×u32, codec u8,
       payload length u32
-    | payloads, in manifest order | crc32 u32 over everything before it
+    | payloads, in manifest order
+    | [signature 64s, only with flag SIGNED] | crc32 u32 over everything before it
+
+Flags: bit 0 ``SIGNED`` (:data:`FLAG_SIGNED`); every other bit is reserved and must be 0.
+A signed envelope carries a 64-byte Ed25519 signature (RFC 8032) over every byte before
+it — the header with the flag set included, so kind, round, sequence, message id, fleet,
+job and sender are all covered. The kernel never sees a key: the signer and the verifier
+are the caller's (``edge_agent.signing``).
 
 Chunk::
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -45,11 +53,16 @@ __all__ = [
     "CHUNK_HEADER",
     "CHUNK_OVERHEAD",
     "ENVELOPE_OVERHEAD",
+    "FLAG_SIGNED",
+    "SIGNATURE_BYTES",
     "TENSOR_OVERHEAD",
     "WIRE_VERSION",
     "Chunk",
+    "DecodedEnvelope",
+    "Sign",
     "decode_chunk",
     "decode_envelope",
+    "decode_envelope_signed",
     "encode_chunk",
     "encode_envelope",
 ]
@@ -75,6 +88,14 @@ CHUNK_HEADER = _CHUNK_HEAD.size
 """Chunk header bytes before the body (34)."""
 CHUNK_OVERHEAD = CHUNK_HEADER + _U32.size
 """Chunk bytes besides the body: header plus CRC-32 trailer (38)."""
+FLAG_SIGNED = 0x0001
+"""Envelope flag bit 0: a 64-byte Ed25519 signature precedes the CRC-32 trailer."""
+SIGNATURE_BYTES = 64
+"""Length of an envelope signature (Ed25519), bytes."""
+_KNOWN_FLAGS = FLAG_SIGNED
+
+Sign = Callable[[bytes], bytes]
+"""``sign(data) -> signature``: a 64-byte Ed25519 signature of ``data`` (the signer's key)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,19 @@ class Chunk:
     count: int
     total: int
     body: bytes
+
+
+@dataclass(frozen=True)
+class DecodedEnvelope:
+    """An envelope with what a receiver needs to verify it (:func:`decode_envelope_signed`).
+
+    ``signature`` is the 64-byte signature, ``None`` for an unsigned envelope;
+    ``signed_bytes`` the bytes it covers (every byte before it; empty when unsigned).
+    """
+
+    envelope: Envelope
+    signature: bytes | None
+    signed_bytes: bytes
 
 
 def _enum(cls: type[_E], tag: int, what: str) -> _E:
@@ -100,14 +134,27 @@ def _text(value: str) -> bytes:
     return _U8.pack(len(raw)) + raw
 
 
-def encode_envelope(env: Envelope) -> bytes:
+def encode_envelope(env: Envelope, sign: Sign | None = None) -> bytes:
     """Serialize an envelope to wire v1 bytes (layout in the module docstring).
 
-    The envelope validated its fields on construction, so this cannot fail for one.
+    Parameters
+    ----------
+    env : Envelope
+        The envelope; it validated its fields on construction.
+    sign : callable, optional
+        ``sign(data) -> 64 bytes``: sets flag ``SIGNED`` and appends its signature of
+        every byte before it. ``None`` (default): an unsigned envelope, flags 0.
+
+    Raises
+    ------
+    WireError
+        If ``sign`` returns anything but 64 bytes.
+
     """
+    flags = FLAG_SIGNED if sign is not None else 0
     parts = [
         _ENV_HEAD.pack(
-            _ENV_MAGIC, WIRE_VERSION, env.kind, 0, env.round, env.sequence, env.message_id
+            _ENV_MAGIC, WIRE_VERSION, env.kind, flags, env.round, env.sequence, env.message_id
         ),
         _text(env.fleet),
         _text(env.job),
@@ -123,6 +170,14 @@ def encode_envelope(env: Envelope) -> bytes:
         ]
     parts += [t.payload for t in env.tensors]
     body = b"".join(parts)
+    if sign is not None:
+        signature = sign(body)
+        if not isinstance(signature, bytes) or len(signature) != SIGNATURE_BYTES:
+            raise WireError(
+                f"a signature must be {SIGNATURE_BYTES} bytes, the signer returned"
+                f" {len(signature) if isinstance(signature, bytes) else signature!r}"
+            )
+        body += signature
     return body + _U32.pack(zlib.crc32(body))
 
 
@@ -174,7 +229,23 @@ def _check_frame(view: memoryview, magic: bytes, minimum: int, what: str) -> Non
 
 
 def decode_envelope(data: bytes) -> Envelope:
-    """Parse wire v1 bytes into an :class:`Envelope`.
+    """Parse wire v1 bytes into an :class:`Envelope`, signed or not (the signature unchecked).
+
+    Receivers that check signatures use :func:`decode_envelope_signed`.
+
+    Raises
+    ------
+    VersionError, ChecksumError, WireError
+        As :func:`decode_envelope_signed`.
+
+    """
+    return decode_envelope_signed(data).envelope
+
+
+def decode_envelope_signed(data: bytes) -> DecodedEnvelope:
+    """Parse wire v1 bytes into the envelope, its signature and the bytes it covers.
+
+    The signature is returned, not verified: the caller holds the keys.
 
     Raises
     ------
@@ -183,16 +254,21 @@ def decode_envelope(data: bytes) -> Envelope:
     ChecksumError
         If the CRC-32 trailer does not match.
     WireError
-        For anything else malformed: truncated, trailing bytes, bad magic, non-zero
-        flags, unknown kind or dtype, too many dims or tensors, bad UTF-8.
+        For anything else malformed: truncated, trailing bytes, bad magic, unknown
+        flag bits, unknown kind or dtype, too many dims or tensors, bad UTF-8.
 
     """
     view = _view(data, "envelope")
     _check_frame(view, _ENV_MAGIC, ENVELOPE_OVERHEAD, "envelope")
     r = _Reader(view, len(view) - _U32.size)
     _, _, kind_tag, flags, rnd, seq, message_id = _ENV_HEAD.unpack(r.take(_ENV_HEAD.size, "header"))
-    if flags:
-        raise WireError(f"envelope flags {flags:#06x} are reserved and must be 0")
+    if flags & ~_KNOWN_FLAGS:
+        raise WireError(f"envelope flags {flags:#06x} set reserved bits (only bit 0, SIGNED)")
+    signed = bool(flags & FLAG_SIGNED)
+    if signed:
+        if r.end - r.pos < SIGNATURE_BYTES:
+            raise WireError("truncated signed envelope: no room for its 64-byte signature")
+        r.end -= SIGNATURE_BYTES
     kind = _enum(MessageKind, kind_tag, "message kind")
     fleet, job, sender = r.text("fleet"), r.text("job"), r.text("sender")
     (count,) = r.unpack(_U16, "tensor count")
@@ -214,7 +290,11 @@ def decode_envelope(data: bytes) -> Envelope:
     )
     if r.pos != r.end:
         raise WireError(f"{r.end - r.pos} trailing bytes after the last payload")
-    return Envelope(kind, fleet, job, rnd, sender, message_id, seq, tensors)
+    env = Envelope(kind, fleet, job, rnd, sender, message_id, seq, tensors)
+    if not signed:
+        return DecodedEnvelope(env, None, b"")
+    signature = bytes(view[r.end : r.end + SIGNATURE_BYTES])
+    return DecodedEnvelope(env, signature, bytes(view[: r.end]))
 
 
 def encode_chunk(message_id: bytes, index: int, count: int, total: int, body: bytes) -> bytes:

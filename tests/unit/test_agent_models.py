@@ -70,7 +70,7 @@ def _assignment(model: dict[str, Any], index: int) -> dict[str, Any]:
         "topology": "complete", "rounds": 1, "learning_rate": 0.05, "batch_size": 32,
         "local_epochs": 1, "consensus_step": 0.9, "round_deadline_s": 30.0,
         "max_payload_bytes": 131072, "seed": 0, "devices": 2, "test_data": None,
-        "sketch_dim": 16,
+        "sketch_dim": 16, "signed_deltas": False,  # signing: test_signed_deltas.py
     }  # fmt: skip
     return {
         "job_id": JOB, "fleet": FLEET, "status": "running", "spec": spec, "index": index,

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from coordinator import CoordinatorSettings, create_app
 from coordinator.consensus import ConsensusError, average_models
+from edge_agent.secagg.crypto import IdentityKey
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -100,6 +101,7 @@ def client(tmp_path: Path, clock: Clock) -> Iterator[TestClient]:
 def enrol(client: TestClient, clock: Clock, name: str, **profile: Any) -> tuple[str, dict]:
     clock.now += 1.0
     body = {"token": ENROL, "name": name, "profile": profile}
+    body["identity_key"] = IdentityKey.generate().public_b64  # as agents send: signed jobs
     r = client.post(f"{API}/devices/enrol", json=body)
     assert r.status_code == 200, r.text
     return r.json()["device_id"], {"Authorization": f"Bearer {r.json()['device_token']}"}

@@ -14,6 +14,7 @@ import pytest
 from coordinator import CoordinatorSettings, create_app
 from coordinator.deps import get_now
 from coordinator.server import ensure_tokens
+from edge_agent.secagg.crypto import IdentityKey
 from meshfl.errors import ConfigError
 from meshfl.modelspec import layout, layout_hash
 from meshfl.topology import build_graph, metropolis_hastings, spectral_gap
@@ -85,7 +86,8 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 def enrol(client: TestClient, clock: FakeClock, name: str) -> tuple[str, dict[str, str]]:
     clock.now += 1.0
-    r = client.post(f"{API}/devices/enrol", json={"token": ENROL, "name": name})
+    body = {"token": ENROL, "name": name, "identity_key": IdentityKey.generate().public_b64}
+    r = client.post(f"{API}/devices/enrol", json=body)  # a key, as agents send: signed jobs
     assert r.status_code == 200, r.text
     return r.json()["device_id"], {"Authorization": f"Bearer {r.json()['device_token']}"}
 

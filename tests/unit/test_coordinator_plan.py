@@ -17,6 +17,7 @@ import pytest
 
 from coordinator import CoordinatorSettings, create_app
 from coordinator.planning import UNKNOWN_MODEL_BYTES, dense_bytes
+from edge_agent.secagg.crypto import IdentityKey
 from meshfl.topology import (
     build_graph,
     exponential,
@@ -54,6 +55,7 @@ class Fleet:
 
     def enrol(self, name: str, profile: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {"token": "enrol", "name": name}
+        body["identity_key"] = IdentityKey.generate().public_b64  # as agents send
         if profile is not None:
             body["profile"] = profile
         reply = self.client.post(f"{API}/devices/enrol", json=body).json()

@@ -236,7 +236,7 @@ def test_keys_need_the_own_token_a_secure_running_job_and_an_identity_key(fleet:
 
 
 def test_a_device_enrolled_without_an_identity_key_cannot_publish_keys(fleet: Fleet) -> None:
-    job_id, ids = fleet.running(identity=False, **SECURE)
+    job_id, ids = fleet.running(identity=False, signed_deltas=False, **SECURE)
     r = fleet.put_keys(job_id, ids[0], fleet.bundle(job_id, ids[0], 3))
     assert r.status_code == 422 and "without an identity_key" in r.json()["detail"]
 

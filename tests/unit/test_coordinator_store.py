@@ -47,6 +47,9 @@ def test_migrated_sqlite_schema_matches_the_orm(tmp_path: Path) -> None:
         "secagg_declarations",
         "privacy_spend",
         "coordinator_keys",
+        "api_tokens",
+        "enrolment_tokens",
+        "fleet_settings",
         "alembic_version",
     } == tables
 
@@ -148,6 +151,7 @@ def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> 
             ]
             spec = {
                 "name": "pg",
+                "signed_deltas": False,  # devices enrolled without identity keys
                 "model": {"name": "mlp", "input_dim": 4, "num_classes": 2, "hidden": []},
                 "algorithm": "choco",
                 "codec": "identity",
@@ -225,3 +229,28 @@ def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> 
     assert churned["version"] == 2 and first["device_id"] not in churned["devices"]
     gone = next(d for d in left["devices"] if d["device_id"] == first["device_id"])
     assert gone["left_round"] == 2 and gone["joined_round"] == 1
+
+
+def test_more_concurrent_requests_than_pooled_connections_all_succeed(tmp_path: Path) -> None:
+    """100 concurrent sync requests: every thread gets a connection, none times out."""
+    import asyncio
+
+    import httpx
+
+    settings = CoordinatorSettings(
+        db_url=f"sqlite:///{tmp_path / 'c.db'}", enrol_token="e", admin_token="a",
+        rate_limit_operator="",
+    )  # fmt: skip
+    app = create_app(settings)
+
+    async def burst() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+            auth = {"Authorization": "Bearer a"}
+            replies = await asyncio.gather(
+                *(client.get("/api/v1/devices", headers=auth) for _ in range(100))
+            )
+        return [r.status_code for r in replies]
+
+    assert asyncio.run(burst()) == [200] * 100
+    assert app.state.engine.pool.size() + app.state.engine.pool._max_overflow >= 40

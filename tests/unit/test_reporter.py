@@ -91,3 +91,25 @@ def test_a_slow_coordinator_applies_backpressure() -> None:
     # Six reports, two may wait: the caller waited for at least three replies (0.1 s each).
     assert waited >= 0.3
     assert coordinator.rounds == list(range(1, 7))
+
+
+def test_a_rate_limited_request_is_retried_after_retry_after() -> None:
+    answers = [httpx.Response(429, headers={"Retry-After": "0.2"}, json={"detail": "slow down"})]
+
+    def coordinator(request: httpx.Request) -> httpx.Response:
+        return answers.pop() if answers else httpx.Response(204)
+
+    client = CoordinatorClient("http://c", retry_s=5.0, transport=httpx.MockTransport(coordinator))
+    started = time.monotonic()
+    client.post_metrics("job-1", _metrics(1))  # type: ignore[arg-type]
+    assert answers == [] and time.monotonic() - started >= 0.2
+
+
+def test_a_rate_limit_longer_than_the_retry_budget_is_a_refusal() -> None:
+    def coordinator(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"Retry-After": "30"}, json={"detail": "slow down"})
+
+    client = CoordinatorClient("http://c", retry_s=1.0, transport=httpx.MockTransport(coordinator))
+    with pytest.raises(CoordinatorError, match="slow down") as caught:
+        client.post_metrics("job-1", _metrics(1))  # type: ignore[arg-type]
+    assert caught.value.status == 429

@@ -48,7 +48,13 @@ from meshfl.wire import (
     encode_envelope,
     new_message_id,
 )
-from meshfl.wire.serde import ENVELOPE_OVERHEAD, TENSOR_OVERHEAD
+from meshfl.wire.serde import (
+    ENVELOPE_OVERHEAD,
+    FLAG_SIGNED,
+    SIGNATURE_BYTES,
+    TENSOR_OVERHEAD,
+    decode_envelope_signed,
+)
 
 GOLDEN_HEX = "".join(
     [
@@ -160,6 +166,85 @@ def test_envelope_round_trip(env: Envelope) -> None:
     )
     strings = sum(len(s.encode()) for s in (env.fleet, env.job, env.sender))
     assert len(data) == ENVELOPE_OVERHEAD + strings + manifest
+
+
+# --- signed envelopes (flag bit 0) ---------------------------------------------------------
+
+
+def fake_sign(data: bytes) -> bytes:
+    """A stand-in signer: any 64 bytes that depend on the data (the kernel never checks)."""
+    return (zlib.crc32(data).to_bytes(4, "big") * 16)[:SIGNATURE_BYTES]
+
+
+def test_signed_golden_layout() -> None:
+    # The golden envelope signed: flags 0001, then the 64-byte signature of the 96 bytes
+    # before it (header with the flag set included), then the CRC of all 160 bytes.
+    data = encode_envelope(GOLDEN, sign=fake_sign)
+    unsigned = bytes.fromhex(GOLDEN_HEX)
+    signed_part = unsigned[:6] + b"\x00\x01" + unsigned[8:-4]
+    assert FLAG_SIGNED == 1 and len(data) == len(unsigned) + SIGNATURE_BYTES
+    assert data[:-68] == signed_part
+    assert data[-68:-4] == fake_sign(signed_part)
+    assert data[-4:] == struct.pack("!I", zlib.crc32(data[:-4]))
+    decoded = decode_envelope_signed(data)
+    assert decoded.envelope == GOLDEN
+    assert decoded.signature == fake_sign(signed_part)
+    assert decoded.signed_bytes == signed_part
+    assert decode_envelope(data) == GOLDEN  # callers that do not care
+
+
+def test_unsigned_envelope_decodes_without_signature() -> None:
+    decoded = decode_envelope_signed(bytes.fromhex(GOLDEN_HEX))
+    assert decoded.envelope == GOLDEN and decoded.signature is None
+    assert decoded.signed_bytes == b""
+
+
+@pytest.mark.parametrize("flags", [0x0002, 0x0003, 0x8000, 0x0100])
+def test_unknown_flag_bits_are_wire_errors(flags: int) -> None:
+    body = bytearray(encode_envelope(GOLDEN, sign=fake_sign)[:-4])
+    body[6:8] = flags.to_bytes(2, "big")
+    with pytest.raises(WireError, match="reserved bits"):
+        decode_envelope(with_crc(bytes(body)))
+
+
+def test_signer_must_return_64_bytes() -> None:
+    with pytest.raises(WireError, match="64 bytes"):
+        encode_envelope(GOLDEN, sign=lambda data: b"short")
+
+
+def test_signed_flag_without_room_for_a_signature_is_a_wire_error() -> None:
+    body = golden_body()
+    body[6:8] = b"\x00\x01"  # claims a signature, carries none
+    with pytest.raises(WireError):
+        decode_envelope(with_crc(bytes(body)))
+
+
+@settings(deadline=None)
+@given(envelopes)
+def test_signed_envelope_round_trip(env: Envelope) -> None:
+    data = encode_envelope(env, sign=fake_sign)
+    decoded = decode_envelope_signed(data)
+    assert decoded.envelope == env
+    assert decoded.signed_bytes == data[: -4 - SIGNATURE_BYTES]
+    assert decoded.signature == fake_sign(decoded.signed_bytes)
+    assert len(data) == len(encode_envelope(env)) + SIGNATURE_BYTES
+
+
+@settings(deadline=None)
+@given(envelopes, st.data())
+def test_signature_covers_every_byte_before_it(env: Envelope, data: st.DataObject) -> None:
+    # A change anywhere in header, manifest or payloads (CRC recomputed, as an attacker
+    # would) changes the signed bytes, so the original signature no longer matches them.
+    encoded = encode_envelope(env, sign=fake_sign)
+    body = bytearray(encoded[:-4])
+    pos = data.draw(st.integers(8, len(body) - SIGNATURE_BYTES - 1))  # past magic/flags
+    body[pos] ^= data.draw(st.integers(1, 255))
+    try:
+        decoded = decode_envelope_signed(with_crc(bytes(body)))
+    except WireError:
+        return
+    assert decoded.signed_bytes != encoded[: -4 - SIGNATURE_BYTES]
+    assert decoded.signature == fake_sign(encoded[: -4 - SIGNATURE_BYTES])
 
 
 # --- fuzz: only WireError ----------------------------------------------------------------

@@ -1,0 +1,126 @@
+"""Rate limits per identity on ``/api/v1``: ASGI middleware over the ``limits`` library.
+
+``limits`` is the maintained engine under slowapi; slowapi's own middleware applies one
+limit to every caller (or per-route decorators), while here the limit depends on who
+calls, so this module asks ``limits`` directly. The identity is the SHA-256 digest of
+the bearer token, falling back to the client address for requests without one
+(enrolment); its *kind* picks the limit:
+
+- ``operator``: the settings' admin token or an API token (``mfa_`` prefix, no database
+  look-up) — ``rate_limit_operator``;
+- ``heartbeat``: any other token on ``POST /devices/{id}/heartbeat`` —
+  ``rate_limit_heartbeat`` (at least 10/s, a budget of its own);
+- ``device``: any other token elsewhere — ``rate_limit_device``;
+- ``address``: no bearer token, by client address — ``rate_limit_enrol``.
+
+Counting is a fixed window per identity in this process's memory (the coordinator is
+one process), so ``Retry-After`` is exact: the seconds until the window ends. A refused
+request gets 429 as problem details before any handler runs (no database work).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import time
+from typing import Any
+
+from limits import RateLimitItem, parse_many
+from limits.storage import MemoryStorage
+from limits.strategies import FixedWindowRateLimiter
+
+from coordinator.problems import send_problem
+from coordinator.settings import CoordinatorSettings
+from coordinator.tokens import API_TOKEN_PREFIX
+from meshfl.contract import API_PREFIX
+
+__all__ = ["HEARTBEAT_PATH", "RateLimit", "parse_limits"]
+
+HEARTBEAT_PATH = re.compile(re.escape(API_PREFIX) + r"/devices/[^/]+/heartbeat")
+"""Paths counted against the heartbeat budget rather than the device budget."""
+
+_WHO = {
+    "operator": "this API token",
+    "device": "this device token",
+    "heartbeat": "this device's heartbeats",
+    "address": "requests without a token from this address",
+}
+
+
+def parse_limits(value: str) -> list[RateLimitItem]:
+    """Parse a limit setting: ``"600/minute"``, ``"10/second;500/minute"``; ``""``/``"0"``: none.
+
+    Raises
+    ------
+    ValueError
+        The text is not in the ``limits`` notation (``N/second|minute|hour|day``).
+
+    """
+    text = value.strip()
+    if text in ("", "0"):
+        return []
+    return list(parse_many(text))
+
+
+class RateLimit:
+    """ASGI middleware refusing (429) a request over its identity's limit.
+
+    Parameters
+    ----------
+    app : ASGI app
+        The wrapped application.
+    settings : CoordinatorSettings
+        Its ``rate_limit_*`` fields (validated there) and ``admin_token``.
+
+    """
+
+    def __init__(self, app: Any, settings: CoordinatorSettings) -> None:
+        self.app = app
+        self.admin_token = (settings.admin_token or "").encode()
+        self.limits = {
+            "operator": parse_limits(settings.rate_limit_operator),
+            "device": parse_limits(settings.rate_limit_device),
+            "heartbeat": parse_limits(settings.rate_limit_heartbeat),
+            "address": parse_limits(settings.rate_limit_enrol),
+        }
+        self.limiter = FixedWindowRateLimiter(MemoryStorage())
+
+    def identify(self, scope: Any) -> tuple[str, str]:
+        """Return ``(kind, identity)`` of a request (see the module docstring)."""
+        authorization = ""
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            client = scope.get("client")
+            return "address", str(client[0]) if client else "unknown"
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        if token.startswith(API_TOKEN_PREFIX) or hmac.compare_digest(
+            token.encode(), self.admin_token
+        ):
+            return "operator", digest
+        if scope.get("method") == "POST" and HEARTBEAT_PATH.fullmatch(scope.get("path", "")):
+            return "heartbeat", digest
+        return "device", digest
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Count an ``/api/v1`` request against its identity's limits; 429 once over."""
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith(API_PREFIX + "/"):
+            kind, identity = self.identify(scope)
+            for item in self.limits[kind]:
+                if not self.limiter.hit(item, kind, identity):
+                    stats = self.limiter.get_window_stats(item, kind, identity)
+                    wait = max(1, math.ceil(stats.reset_time - time.time()))
+                    detail = (
+                        f"rate limit of {item} for {_WHO[kind]} exceeded; retry after"
+                        f" {wait} s (the Retry-After header)"
+                    )
+                    await send_problem(send, 429, detail, path, [("Retry-After", str(wait))])
+                    return
+        await self.app(scope, receive, send)

@@ -1,0 +1,52 @@
+"""W5's coordinator benchmark in smoke mode: a real server, locust, 50 devices, 5 s."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e  # a real server + locust: about 18 s per database
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "w5_coordinator.py"
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _postgres_or_skip() -> None:
+    """Skip, saying why, only where no PostgreSQL server answers (the driver is a dev dep)."""
+    import psycopg
+
+    try:
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_smoke_run_sends_every_heartbeat_and_reaches_the_db(db: str, tmp_path: Path) -> None:
+    if db == "postgresql":
+        _postgres_or_skip()
+    out = tmp_path / "w5.json"
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--db", db, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "W5 coordinator heartbeats" in proc.stdout and "machine:" in proc.stdout
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["db"] == db
+    # 50 devices at 1 heartbeat/s for 5 s: 250 planned; allow a slow start on a busy machine.
+    assert run["sent"] >= 200, run
+    assert run["errors"] == 0, run
+    assert 0 < run["p50_ms"] <= run["p95_ms"] <= run["p99_ms"] <= run["max_ms"]
+    # Every device's heartbeat reached devices.last_seen (flushed at the latest at shutdown).
+    assert run["devices_seen_in_db"] == 50
+    assert run["server_exit"] == 0
+    assert set(run["cpu_pct"]) == {"server", "locust", "others"}
