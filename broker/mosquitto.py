@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from broker.passwords import PasswordFile
     from broker.secure import SecureBrokerFiles
 
-__all__ = ["MosquittoProcess", "find_mosquitto", "mosquitto_config"]
+__all__ = ["MosquittoProcess", "find_mosquitto", "mosquitto_config", "runtime_lines"]
 
 MAX_PACKET_BYTES = 4 * 1024 * 1024
 """Largest MQTT packet accepted: a 1 MiB un-chunked payload (keyframes in tests) fits."""
@@ -94,8 +94,23 @@ def mosquitto_config(
         "# $SYS statistics are not used by meshfl.",
         "sys_interval 0",
     ]
-    if run_as_user:
-        lines.append(f"user {run_as_user}")
+    lines += runtime_lines(persistence_dir, log_file, run_as_user)
+    return "\n".join(lines) + "\n"
+
+
+def runtime_lines(
+    persistence_dir: Path | None,
+    log_file: Path | None,
+    run_as_user: str | None,
+    *,
+    information: bool = False,
+) -> list[str]:
+    """Return the config lines every meshfl Mosquitto shares: user, persistence, logging.
+
+    ``information`` also logs Mosquitto's information messages (each login and reload;
+    the fleet broker keeps them as an audit trail).
+    """
+    lines = [f"user {run_as_user}"] if run_as_user else []
     if persistence_dir is not None:
         lines += [
             "# Persistent sessions survive a broker restart: saved on shutdown and every 60 s.",
@@ -110,10 +125,11 @@ def mosquitto_config(
         "log_type error",
         "log_type warning",
         "log_type notice",
+        *(["log_type information"] if information else []),
         "connection_messages true",
         "log_timestamp true",
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def find_mosquitto() -> str:

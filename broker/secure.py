@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.mosquitto import MAX_PACKET_BYTES
+from broker.mosquitto import MAX_PACKET_BYTES, runtime_lines
 from broker.passwords import validate_username
 from broker.tls import DEFAULT_HOSTS, TlsFiles, write_tls_dir
 from meshfl.errors import ConfigError
@@ -177,25 +177,7 @@ def secure_mosquitto_config(
     ]
     if pid_file is not None:
         lines.append(f"pid_file {pid_file}")
-    if run_as_user:
-        lines.append(f"user {run_as_user}")
-    if persistence_dir is not None:
-        lines += [
-            "persistence true",
-            f"persistence_location {str(persistence_dir).rstrip('/')}/",
-            "autosave_interval 60",
-        ]
-    else:
-        lines.append("persistence false")
-    lines += [
-        f"log_dest file {log_file}" if log_file is not None else "log_dest stderr",
-        "log_type error",
-        "log_type warning",
-        "log_type notice",
-        "log_type information",
-        "connection_messages true",
-        "log_timestamp true",
-    ]
+    lines += runtime_lines(persistence_dir, log_file, run_as_user, information=True)
     return "\n".join(lines) + "\n"
 
 

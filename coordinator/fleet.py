@@ -109,8 +109,10 @@ def list_devices(
 def patch(session: Session, device: Device, body: DevicePatch) -> Device:
     """Replace the device's tags and/or labels with those given (validated first).
 
-    Raises :class:`meshfl.errors.ConfigError` for a bad tag, label or too many of them.
+    Raises :class:`meshfl.errors.ConfigError` for a bad tag, label or too many of them,
+    :class:`~coordinator.errors.Conflict` for a revoked device.
     """
+    _refuse_revoked(device, "be changed")
     tags = validate_tags(body["tags"]) if "tags" in body else None
     if "labels" in body:
         validate_labels(body["labels"])

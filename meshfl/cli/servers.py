@@ -88,6 +88,8 @@ def coordinator_serve(
     from meshfl.errors import ConfigError
 
     with socket.socket() as probe:
+        # As uvicorn binds: a restart right after a crash is not refused for TIME-WAIT.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:

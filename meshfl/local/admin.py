@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, cast
+from urllib.parse import quote
 
 import httpx
 from typing_extensions import Self
@@ -17,7 +18,7 @@ from meshfl.contract import (
     JobSpec,
     RoundSummary,
 )
-from meshfl.errors import CoordinatorError, CoordinatorUnreachable
+from meshfl.errors import ConfigError, CoordinatorError, CoordinatorUnreachable
 
 __all__ = ["AdminClient", "settled_rounds"]
 
@@ -42,16 +43,30 @@ def settled_rounds(
     return settled
 
 
+def path_segment(value: str) -> str:
+    """``value`` as one URL path segment: a '/' or '..' in an id cannot reach another route."""
+    return quote(value, safe="")
+
+
 class AdminClient:
     """Operator calls: list devices, create/start/stop jobs, read rounds."""
 
     def __init__(self, url: str, admin_token: str, timeout_s: float = 10.0) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.url + API_PREFIX,
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {admin_token}"},
-        )
+        try:
+            if not self.url.startswith(("http://", "https://")):
+                raise httpx.InvalidURL("no http:// or https:// scheme")
+            self._http = httpx.Client(
+                base_url=self.url + API_PREFIX,
+                timeout=timeout_s,
+                headers={"Authorization": f"Bearer {admin_token}"},
+            )
+            self._http.build_request("GET", "/")  # a malformed host fails here, not later
+        except httpx.InvalidURL as exc:
+            raise ConfigError(
+                f"coordinator URL {url!r} is not valid ({exc}); give e.g."
+                " --coordinator http://127.0.0.1:8080"
+            ) from None
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -73,19 +88,19 @@ class AdminClient:
 
     def start_job(self, job_id: str) -> JobPublic:
         """Start a job: pick devices, build the topology, assign work."""
-        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/start"))
+        return cast(JobPublic, self._call("POST", f"/jobs/{path_segment(job_id)}/start"))
 
     def stop_job(self, job_id: str) -> JobPublic:
         """Stop a running job."""
-        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/stop"))
+        return cast(JobPublic, self._call("POST", f"/jobs/{path_segment(job_id)}/stop"))
 
     def pause_job(self, job_id: str) -> JobPublic:
         """Pause a running job: devices finish their round and wait."""
-        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/pause"))
+        return cast(JobPublic, self._call("POST", f"/jobs/{path_segment(job_id)}/pause"))
 
     def resume_job(self, job_id: str) -> JobPublic:
         """Resume a paused job from its next round."""
-        return cast(JobPublic, self._call("POST", f"/jobs/{job_id}/resume"))
+        return cast(JobPublic, self._call("POST", f"/jobs/{path_segment(job_id)}/resume"))
 
     def jobs(self) -> list[JobPublic]:
         """Every job, oldest first."""
@@ -93,15 +108,17 @@ class AdminClient:
 
     def job(self, job_id: str) -> JobPublic:
         """A job's status and per-device progress."""
-        return cast(JobPublic, self._call("GET", f"/jobs/{job_id}"))
+        return cast(JobPublic, self._call("GET", f"/jobs/{path_segment(job_id)}"))
 
     def rounds(self, job_id: str) -> list[RoundSummary]:
         """Per-round aggregates of a job."""
-        return cast(list[RoundSummary], self._call("GET", f"/jobs/{job_id}/rounds"))
+        return cast(list[RoundSummary], self._call("GET", f"/jobs/{path_segment(job_id)}/rounds"))
 
     def reports(self, job_id: str) -> list[DeviceRoundReport]:
         """Every per-device round report of the job, in arrival order."""
-        return cast(list[DeviceRoundReport], self._call("GET", f"/jobs/{job_id}/reports"))
+        return cast(
+            list[DeviceRoundReport], self._call("GET", f"/jobs/{path_segment(job_id)}/reports")
+        )
 
     def device_metrics(self, job_id: str, device_id: str) -> list[DeviceRoundMetrics]:
         """Every round report of one participant, in round order (all pages)."""
@@ -111,7 +128,7 @@ class AdminClient:
                 list[DeviceRoundMetrics],
                 self._call(
                     "GET",
-                    f"/jobs/{job_id}/devices/{device_id}/metrics",
+                    f"/jobs/{path_segment(job_id)}/devices/{path_segment(device_id)}/metrics",
                     params={"limit": 1000, "offset": len(out)},
                 ),
             )
@@ -121,11 +138,11 @@ class AdminClient:
 
     def topology(self, job_id: str) -> dict[str, Any]:
         """The job's graph, mixing matrix and spectral gap."""
-        return cast(dict[str, Any], self._call("GET", f"/jobs/{job_id}/topology"))
+        return cast(dict[str, Any], self._call("GET", f"/jobs/{path_segment(job_id)}/topology"))
 
     def artifacts(self, job_id: str) -> JobArtifacts:
         """The job's uploaded device models and consensus model."""
-        return cast(JobArtifacts, self._call("GET", f"/jobs/{job_id}/artifacts"))
+        return cast(JobArtifacts, self._call("GET", f"/jobs/{path_segment(job_id)}/artifacts"))
 
     def download(self, path: str) -> bytes:
         """The bytes of a GET under the API prefix (a model file)."""

@@ -26,7 +26,7 @@ from meshfl.contract import (
     TopologySetting,
 )
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
-from meshfl.local.admin import AdminClient
+from meshfl.local.admin import AdminClient, path_segment
 
 __all__ = ["DeviceFilter", "FleetClient", "Page"]
 
@@ -108,11 +108,11 @@ class FleetClient(AdminClient):
 
     def device(self, device_id: str) -> DevicePublic:
         """One device (404 → :class:`CoordinatorError`)."""
-        return cast(DevicePublic, self._call("GET", f"/devices/{device_id}"))
+        return cast(DevicePublic, self._call("GET", f"/devices/{path_segment(device_id)}"))
 
     def device_privacy(self, device_id: str) -> PrivacyStatus:
         """ε the device spent over all its jobs (``GET /devices/{id}/privacy``)."""
-        return cast(PrivacyStatus, self._call("GET", f"/devices/{device_id}/privacy"))
+        return cast(PrivacyStatus, self._call("GET", f"/devices/{path_segment(device_id)}/privacy"))
 
     def patch_device(
         self,
@@ -126,15 +126,19 @@ class FleetClient(AdminClient):
             body["tags"] = list(tags)
         if labels is not None:
             body["labels"] = dict(labels)
-        return cast(DevicePublic, self._call("PATCH", f"/devices/{device_id}", json=body))
+        return cast(
+            DevicePublic, self._call("PATCH", f"/devices/{path_segment(device_id)}", json=body)
+        )
 
     def device_action(self, device_id: str, action: DeviceAction) -> DevicePublic | None:
         """Drain, undrain or revoke a device; the device as it is now (``None`` on 204)."""
-        return cast(DevicePublic | None, self._call("POST", f"/devices/{device_id}/{action}"))
+        return cast(
+            DevicePublic | None, self._call("POST", f"/devices/{path_segment(device_id)}/{action}")
+        )
 
     def delete_device(self, device_id: str) -> None:
         """Remove the device from the fleet for good."""
-        self._call("DELETE", f"/devices/{device_id}")
+        self._call("DELETE", f"/devices/{path_segment(device_id)}")
 
     # Enrolment tokens.
 
@@ -161,7 +165,7 @@ class FleetClient(AdminClient):
 
     def revoke_enrolment_token(self, token_id: str) -> None:
         """Revoke an enrolment token (no device can enrol with it any more)."""
-        self._call("DELETE", f"/enrolment-tokens/{token_id}")
+        self._call("DELETE", f"/enrolment-tokens/{path_segment(token_id)}")
 
     # API tokens (admin role).
 
@@ -182,7 +186,7 @@ class FleetClient(AdminClient):
 
     def revoke_api_token(self, token_id: str) -> None:
         """Revoke an API token (its next request is refused with 401)."""
-        self._call("DELETE", f"/tokens/{token_id}")
+        self._call("DELETE", f"/tokens/{path_segment(token_id)}")
 
     # Fleet topology.
 

@@ -37,6 +37,7 @@ from typing import Any
 from meshfl.errors import ConfigError, TopologyError
 
 __all__ = [
+    "MAX_CUSTOM_NODES",
     "TOPOLOGIES",
     "Graph",
     "build_graph",
@@ -462,6 +463,10 @@ def small_world(n: int, k: int, p: float, seed: int) -> Graph:
 _EDGE_LIST_KEYS = ("n", "edges")
 
 
+MAX_CUSTOM_NODES = 100_000
+"""Most nodes of a custom graph: bounds the memory a submitted edge list can claim."""
+
+
 def from_edge_list(source: str | os.PathLike[str] | Mapping[str, Any]) -> Graph:
     """Build a custom graph from a JSON edge list.
 
@@ -483,9 +488,9 @@ def from_edge_list(source: str | os.PathLike[str] | Mapping[str, Any]) -> Graph:
     ------
     ConfigError
         If the file cannot be read or is not JSON, keys are missing or unknown, ``n`` is
-        not an integer ``>= 1``, an edge is not a pair of node indices in ``[0, n)``, is a
-        self loop or a duplicate, or the graph is disconnected. The message names the file
-        and the offending entry.
+        not an integer in ``[1, MAX_CUSTOM_NODES]``, an edge is not a pair of node indices
+        in ``[0, n)``, is a self loop or a duplicate, or the graph is disconnected. The
+        message names the file and the offending entry.
 
     """
     label, document = _load_edge_list(source)
@@ -500,8 +505,10 @@ def from_edge_list(source: str | os.PathLike[str] | Mapping[str, Any]) -> Graph:
             + (f"; unknown: {', '.join(unknown)}" if unknown else "")
         )
     n = document["n"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f'{label}: "n" must be an integer >= 1, got {n!r}')
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CUSTOM_NODES:
+        raise ConfigError(
+            f'{label}: "n" must be an integer in [1, {MAX_CUSTOM_NODES}], got {str(n)[:40]}'
+        )
     raw_edges = document["edges"]
     if not isinstance(raw_edges, list):
         raise ConfigError(f'{label}: "edges" must be a list of [i, j] pairs')

@@ -336,3 +336,14 @@ def test_entry_point_errors_are_one_line(coordinator: Coordinator) -> None:
     assert unknown.exception.status in (401, 403) and "token" in str(unknown.exception)
     assert "\n" not in str(unknown.exception)
     assert isinstance(no_token.exception, ConfigError) and "--token" in str(no_token.exception)
+
+
+def test_an_id_is_one_path_segment_and_a_bad_url_is_one_line() -> None:
+    from meshfl.errors import ConfigError
+    from meshfl.local.admin import AdminClient, path_segment
+
+    assert path_segment("../tokens/tok-1") == "..%2Ftokens%2Ftok-1"
+    with pytest.raises(ConfigError, match="is not valid"):
+        AdminClient("http://[::1", "t")
+    with pytest.raises(ConfigError, match="http:// or https://"):
+        AdminClient("ftp://host", "t")
