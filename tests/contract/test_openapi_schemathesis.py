@@ -349,6 +349,9 @@ class DeviceCrud(RuleBasedStateMachine):
         r = self.call("PATCH", f"/devices/{device}", json=body)
         if self.gone(device, r):
             return
+        if self.model[device].state == "revoked":  # a revoked device cannot be changed
+            assert r.status_code == 409, r.text
+            return
         valid = all(TAG.fullmatch(t) for t in new_tags or []) and all(
             v.isprintable() for v in (labels or {}).values()
         )
