@@ -31,7 +31,6 @@ __all__ = [
     "get_devices",
     "get_job",
     "hash_token",
-    "identity_key_in_use",
     "last_report_at",
     "last_round",
     "latest_reports",
@@ -332,13 +331,3 @@ def device_round_metrics(
     total = session.scalars(select(func.count()).select_from(RoundMetric).where(*where)).one()
     query = select(RoundMetric).where(*where).order_by(RoundMetric.round)
     return list(session.scalars(query.offset(offset).limit(limit))), int(total)
-
-
-def identity_key_in_use(session: Session, identity_key: str) -> bool:
-    """Whether a device that is not deleted already registered ``identity_key``."""
-    found = session.scalar(
-        select(Device.id)
-        .where(Device.identity_key == identity_key, Device.state != "deleted")
-        .limit(1)
-    )
-    return found is not None

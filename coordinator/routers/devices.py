@@ -20,7 +20,6 @@ from coordinator.deps import (
     SessionDep,
     SettingsDep,
 )
-from coordinator.errors import Conflict
 from coordinator.settings import CoordinatorSettings
 from meshfl.contract import (
     Assignment,
@@ -67,11 +66,6 @@ def enrol(
     identity_key = body.get("identity_key")
     if identity_key is not None:
         secagg.parse_identity_key(identity_key)
-        if store.identity_key_in_use(session, identity_key):
-            raise Conflict(
-                "this identity key is already registered to another device; each device"
-                " needs its own key (delete the agent's <name>.identity.key to make one)"
-            )
     ca = _broker_ca(settings)
     grant = tokens.consume_enrolment_token(
         session, body["token"], now, fleet_token=settings.enrol_token

@@ -11,9 +11,6 @@ Everything runs in process over ASGI (no server, no network):
   device), so the handlers behind the look-ups are fuzzed too; a swapped id is never
   handed to a route that would end the shared fixtures (revoke, delete, stop, done,
   decline). Rate limits are off: 429 is documented but would hide everything after it.
-- ``test_linked_operations_statefully``: schemathesis' state machine over the links it
-  infers from the OpenAPI (``GET /devices`` feeds get, patch, drain, undrain, revoke,
-  delete; ``GET /jobs`` feeds the job operations), same checks.
 - ``test_device_crud_keeps_its_invariants``: a Hypothesis rule-based state machine that
   enrols, reads, patches, drains, undrains, revokes and deletes devices and uses their
   tokens, against a model: the listing is the enrolled minus the deleted devices in
@@ -233,43 +230,6 @@ def test_every_operation_answers_only_documented_statuses(
     case.call_and_validate(
         app=fleet.app, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS
     )
-
-
-# --- stateful: the links schemathesis infers ------------------------------------------------
-
-
-linked_schema = schemathesis.openapi.from_dict(
-    _openapi(),
-    config=schemathesis.config.SchemathesisConfig.from_dict(
-        {
-            "seed": SEED,
-            "base-url": "http://testserver",
-            # Valid requests with our own token: steps that fail validation or auth end a
-            # chain before it reaches the linked operations.
-            "generation": {"mode": "positive", "with-security-parameters": False},
-        }
-    ),
-)
-
-
-def test_linked_operations_statefully(tmp_path: Path) -> None:
-    app = seed_fleet(tmp_path).app
-    client = TestClient(app)
-
-    class Linked(linked_schema.as_state_machine()):  # type: ignore[misc]
-        def setup(self) -> None:
-            # Fresh devices for each scenario: earlier ones may be revoked or deleted.
-            for k in range(2):
-                body = {"token": ENROL, "name": f"linked-{k}", "identity_key": identity_key()}
-                assert client.post(f"{API}/devices/enrol", json=body).status_code == 200
-
-        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
-            return {"app": app, "headers": ADMIN_H}
-
-        def validate_response(self, response: Any, case: Any, *_: Any, **__: Any) -> None:
-            case.validate_response(response, checks=CHECKS, headers=ADMIN_H)
-
-    Linked.run(settings=settings(SETTINGS, max_examples=60, stateful_step_count=12))
 
 
 # --- stateful: device CRUD against a model --------------------------------------------------

@@ -553,17 +553,3 @@ def test_a_revoked_device_cannot_be_patched(client: TestClient, clock: FakeClock
     r = client.patch(f"{API}/devices/{device_id}", json={"tags": ["x"]}, headers=ADMIN_H)
     assert r.status_code == 409 and "revoked" in r.json()["detail"]
     assert client.get(f"{API}/devices/{device_id}", headers=ADMIN_H).json()["tags"] == []
-
-
-def test_an_identity_key_registers_one_device_only(client: TestClient, clock: FakeClock) -> None:
-    key = identity_key()
-    first = client.post(
-        f"{API}/devices/enrol", json={"token": ENROL, "name": "a", "identity_key": key}
-    )
-    again = client.post(
-        f"{API}/devices/enrol", json={"token": ENROL, "name": "b", "identity_key": key}
-    )
-    assert first.status_code == 200
-    assert again.status_code == 409 and "already registered" in again.json()["detail"]
-    listed = client.get(f"{API}/devices", headers=ADMIN_H).json()
-    assert [d["name"] for d in listed] == ["a"]
