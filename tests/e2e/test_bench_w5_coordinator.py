@@ -8,27 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from postgres import postgres_or_skip
 
 pytestmark = pytest.mark.e2e  # a real server + locust: about 18 s per database
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "w5_coordinator.py"
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def _postgres_or_skip() -> None:
-    """Skip, saying why, only where no PostgreSQL server answers (the driver is a dev dep)."""
-    import psycopg
-
-    try:
-        psycopg.connect(PG_URL, connect_timeout=3).close()
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
 
 
 @pytest.mark.parametrize("db", ["sqlite", "postgresql"])
 def test_smoke_run_sends_every_heartbeat_and_reaches_the_db(db: str, tmp_path: Path) -> None:
     if db == "postgresql":
-        _postgres_or_skip()
+        postgres_or_skip()
     out = tmp_path / "w5.json"
 
     proc = subprocess.run(

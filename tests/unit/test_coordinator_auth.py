@@ -12,6 +12,7 @@ from typing import Any
 import pydantic
 import pytest
 import sqlalchemy as sa
+from postgres import PG_URL, postgres_or_skip
 
 from coordinator import CoordinatorSettings, create_app, store, tokens
 from coordinator.db import ApiToken, EnrolmentToken, make_engine, make_sessionmaker
@@ -25,7 +26,6 @@ with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we sh
 ENROL, ADMIN = "enrol-secret", "admin-secret"
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 API = "/api/v1"
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 PROBLEM = "application/problem+json"
 
 
@@ -339,16 +339,10 @@ def test_two_threads_cannot_both_spend_a_one_use_token_on_sqlite(tmp_path: Path)
 
 
 def test_two_threads_cannot_both_spend_a_one_use_token_on_postgresql() -> None:
-    import psycopg  # noqa: F401 - a missing driver is a broken install: fail, don't skip
-
-    admin = make_engine(PG_URL)
-    try:
-        with admin.begin() as conn:
-            schema = f"meshfl_race_{secrets.token_hex(4)}"
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    except sa.exc.OperationalError as exc:
-        admin.dispose()
-        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
+    admin = make_engine(postgres_or_skip())
+    schema = f"meshfl_race_{secrets.token_hex(4)}"
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     try:
         wins = _consume_race(f"{PG_URL}?options=-csearch_path%3D{schema}", rounds=8)
     finally:

@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from postgres import postgres_or_skip
 
 from coordinator import CoordinatorSettings, create_app
 from coordinator.db import make_engine
@@ -33,7 +34,6 @@ with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we sh
 ENROL, ADMIN = "enrol-secret", "admin-secret"
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 API = "/api/v1"
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 JOB: dict[str, Any] = {
     "name": "restart",
@@ -90,28 +90,13 @@ def metrics(rnd: int, accuracy: float) -> dict[str, Any]:
     }
 
 
-def _postgres_url_or_skip() -> str:
-    """PostgreSQL reachable: its URL; else skip, saying why (the driver is a dev dep)."""
-    import psycopg  # noqa: F401 - a missing driver is a broken install: fail, don't skip
-
-    engine = make_engine(PG_URL)
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
-    finally:
-        engine.dispose()
-    return PG_URL
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database: a SQLite file, or a new schema on the PostgreSQL server."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'coordinator.db'}"
         return
-    url = _postgres_url_or_skip()
+    url = postgres_or_skip()
     schema = f"meshfl_restart_{secrets.token_hex(4)}"
     admin = make_engine(url)
     with admin.begin() as conn:

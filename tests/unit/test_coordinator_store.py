@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from postgres import PG_URL, postgres_or_skip
 
 from coordinator import CoordinatorSettings, create_app, store
 from coordinator.db import Base, make_engine
@@ -19,8 +20,6 @@ from coordinator.reports import sketch_distance
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from fastapi.testclient import TestClient
-
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def schema_diff(engine: sa.Engine) -> list[object]:
@@ -117,22 +116,8 @@ def test_sketch_distance_ignores_empty_and_non_finite_sketches() -> None:
     assert sketch_distance([[0.0, 0.0], [2.0, 0.0]]) == pytest.approx(1.0)
 
 
-def _postgres_or_skip() -> None:
-    """Skip, saying why, only where no PostgreSQL server answers (the driver is a dev dep)."""
-    import psycopg  # noqa: F401 - a missing driver is a broken install: fail, don't skip
-
-    engine = make_engine(PG_URL)
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
-    finally:
-        engine.dispose()
-
-
 def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    _postgres_or_skip()
+    postgres_or_skip()
     monkeypatch.setattr(store, "PROFILE_HISTORY_LIMIT", 2)
     schema = f"meshfl_test_{secrets.token_hex(4)}"
     admin = make_engine(PG_URL)

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from postgres import PG_URL, postgres_or_skip
 from prometheus_client.parser import text_string_to_metric_families
 from test_coordinator_plan import ADMIN_H, API, Fleet, spec
-from test_coordinator_store import PG_URL, TestClient, _postgres_or_skip
+from test_coordinator_store import TestClient
 
 from coordinator import CoordinatorSettings, create_app, migrate
 from coordinator.db import Device, make_engine
@@ -317,7 +318,7 @@ def fleet_on(db_url: str) -> Fleet:
 
 
 def test_pause_topology_readiness_and_metrics_on_postgresql() -> None:
-    _postgres_or_skip()
+    postgres_or_skip()
     schema = f"meshfl_test_{secrets.token_hex(4)}"
     admin = make_engine(PG_URL)
     with admin.begin() as conn:

@@ -1,0 +1,22 @@
+"""The local PostgreSQL server of the tests: its URL, and the one rule for skipping.
+
+Tests skip, saying why, only where no server answers at :data:`PG_URL`; a missing
+driver (psycopg is a dev dependency) is a broken install and fails instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def postgres_or_skip() -> str:
+    """Return :data:`PG_URL` when its server answers; otherwise skip the test with the reason."""
+    import psycopg  # a missing driver is a broken install: fail, don't skip
+
+    try:
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
+    return PG_URL
