@@ -13,22 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
-from coordinator import migrate, problems, secagg
+from coordinator import dashboard, migrate, problems, secagg
 from coordinator.artifacts import ArtifactStore
 from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Control, Publish
+from coordinator.dashboard.router import EVENTS_PATH
 from coordinator.db import THREADS, make_engine, make_sessionmaker
 from coordinator.liveness import Liveness
 from coordinator.metrics import CoordinatorMetrics, RequestMetrics
+from coordinator.presence import Presence, Subscribe
 from coordinator.ratelimit import RateLimit
+from coordinator.request_context import bind_request_context
 from coordinator.routers import (
     artifacts,
     devices,
@@ -43,9 +47,12 @@ from coordinator.routers import (
 from coordinator.settings import CoordinatorSettings
 from meshfl import __version__
 from meshfl.contract import API_PREFIX
-from meshfl.errors import ConfigError
+from meshfl.errors import ConfigError, MeshflError
+from meshfl.wire import status_filter
 
 __all__ = ["create_app"]
+
+log = logging.getLogger("coordinator.app")
 
 MAX_BODY_BYTES = 1 << 20
 """Largest request body accepted (bytes); a round report with a 4096-entry sketch is ~100 KB."""
@@ -109,7 +116,11 @@ deadlocking into pool timeouts.
 
 
 class ConcurrencyLimit:
-    """ASGI middleware admitting at most ``limit`` HTTP requests at a time (FIFO wait)."""
+    """ASGI middleware admitting at most ``limit`` HTTP requests at a time (FIFO wait).
+
+    The dashboard's event streams (:data:`~coordinator.dashboard.router.EVENTS_PATH`)
+    are not counted: they stay open, and build their snapshots in a limiter of their own.
+    """
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app = app
@@ -118,7 +129,7 @@ class ConcurrencyLimit:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path") == EVENTS_PATH:
             await self.app(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
@@ -134,6 +145,7 @@ def create_app(
     *,
     clock: Callable[[], float] = time.time,
     broker_accounts: BrokerAccounts | None = None,
+    subscribe: Subscribe | None = None,
 ) -> FastAPI:
     """Build the coordinator's FastAPI app.
 
@@ -153,6 +165,13 @@ def create_app(
         The broker's login table (:mod:`coordinator.brokerauth`): enrolment adds a login
         for the new device (username = device id, a fresh password returned once) and
         revocation removes it. ``None`` (default): no broker logins are managed.
+    subscribe : callable, optional
+        ``subscribe(topic_filter, on_message)`` (:data:`coordinator.presence.Subscribe`):
+        the app subscribes to every device's status topic
+        (``meshfl/v1/{fleet}/node/+/status``) so a device's Last Will turns it offline at
+        once (:mod:`coordinator.presence`, kept as ``app.state.presence``). ``None``
+        (default): no statuses; ``online`` follows heartbeats only. A failure to subscribe
+        is logged, never raised.
 
     Returns
     -------
@@ -191,6 +210,7 @@ def create_app(
         title="meshfl coordinator",
         version=__version__,
         lifespan=lifespan,
+        dependencies=[Depends(bind_request_context)],  # log lines name the job and device
         description="Control plane of a meshfl fleet: enrolment, jobs, topology, metrics.",
     )
     app.state.settings = settings
@@ -205,7 +225,9 @@ def create_app(
     app.add_middleware(ConcurrencyLimit, limit=MAX_CONCURRENT_REQUESTS)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, exempt=artifacts.UPLOAD_PATH)
     app.add_middleware(RateLimit, settings=settings)  # before any body is read
-    app.state.metrics = CoordinatorMetrics(app.state.sessionmaker, settings, clock)
+    app.state.presence = presence = Presence(settings.fleet, clock=clock)
+    _watch_statuses(presence, subscribe)
+    app.state.metrics = CoordinatorMetrics(app.state.sessionmaker, settings, clock, presence)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: 413s, 429s
     problems.install(app)
     app.include_router(health.router)
@@ -217,5 +239,16 @@ def create_app(
     app.include_router(topology.router, prefix=API_PREFIX)
     app.include_router(tokens.router, prefix=API_PREFIX)
     app.include_router(enrolment_tokens.router, prefix=API_PREFIX)
+    dashboard.install(app)  # /ui: hidden from the OpenAPI
     problems.document(app)  # after every router: the problem statuses in the OpenAPI
     return app
+
+
+def _watch_statuses(presence: Presence, subscribe: Subscribe | None) -> None:
+    """Subscribe ``presence`` to the fleet's status topics; a failure only costs the Will."""
+    if subscribe is None:
+        return
+    try:
+        subscribe(status_filter(presence.fleet), presence.on_status)
+    except MeshflError as exc:
+        log.warning("no device statuses (%s); online follows heartbeats only", exc)

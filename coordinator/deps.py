@@ -25,6 +25,7 @@ from coordinator.artifacts import ArtifactStore
 from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Control
 from coordinator.db import Device
+from coordinator.presence import Presence
 from coordinator.settings import CoordinatorSettings
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "NowDep",
     "OperateDep",
     "OwnDeviceDep",
+    "PresenceDep",
     "ReadDep",
     "SessionDep",
     "SettingsDep",
@@ -47,6 +49,7 @@ __all__ = [
     "get_broker_accounts",
     "get_control",
     "get_now",
+    "get_presence",
     "get_session",
     "get_settings",
     "get_signing_key",
@@ -80,6 +83,12 @@ def get_control(request: Request) -> Control:
     return control
 
 
+def get_presence(request: Request) -> Presence:
+    """Return the app's :class:`~coordinator.presence.Presence` (device statuses over MQTT)."""
+    presence: Presence = request.app.state.presence
+    return presence
+
+
 def get_artifacts(request: Request) -> ArtifactStore:
     """Return the app's :class:`~coordinator.artifacts.ArtifactStore` (model files)."""
     artifacts: ArtifactStore = request.app.state.artifacts
@@ -103,6 +112,7 @@ SigningKeyDep = Annotated[Ed25519PrivateKey, Depends(get_signing_key)]
 BrokerAccountsDep = Annotated[BrokerAccounts | None, Depends(get_broker_accounts)]
 ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifacts)]
 ControlDep = Annotated[Control, Depends(get_control)]
+PresenceDep = Annotated[Presence, Depends(get_presence)]
 SessionDep = Annotated[Session, Depends(get_session)]
 NowDep = Annotated[float, Depends(get_now)]
 

@@ -26,6 +26,7 @@ from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Control
 from coordinator.db import Device, DeviceProfile, JobDevice
 from coordinator.errors import Conflict
+from coordinator.presence import Presence, online_status
 from coordinator.validation import validate_labels, validate_tags
 from meshfl.contract import DevicePatch
 
@@ -52,8 +53,9 @@ REVOKED = "revoked by an operator"
 class DeviceFilter:
     """Which devices a listing keeps; every condition given must hold.
 
-    ``tags``: the device has every one; ``state``: its state; ``online``: heard from
-    within the coordinator's ``live_within_s`` (``None``: either); ``minimums`` /
+    ``tags``: the device has every one; ``state``: its state; ``online``: as the
+    device's ``online`` shows it (:func:`coordinator.presence.online_status`; ``None``:
+    either); ``minimums`` /
     ``maximums`` map a numeric profile field (``cores``, ``memory_bytes``, ...) to its
     least / greatest value: a device whose profile lacks the field does not match.
     """
@@ -64,11 +66,16 @@ class DeviceFilter:
     minimums: dict[str, float] = field(default_factory=dict)
     maximums: dict[str, float] = field(default_factory=dict)
 
-    def matches(self, device: Device, now: float, live_within_s: float) -> bool:
+    def matches(
+        self, device: Device, now: float, live_within_s: float, presence: Presence | None = None
+    ) -> bool:
         """Whether ``device`` passes the liveness, tag and profile conditions (not state)."""
-        online = now - device.last_seen <= live_within_s
-        if self.online is not None and online != self.online:
-            return False
+        if self.online is not None:
+            shown = online_status(
+                presence, device.id, device.last_seen, now=now, live_within_s=live_within_s
+            )
+            if shown.online != self.online:
+                return False
         if not set(self.tags) <= set(device.tags or ()):
             return False
         profile: dict[str, Any] = device.profile or {}
@@ -89,20 +96,21 @@ def list_devices(
     live_within_s: float,
     limit: int,
     offset: int = 0,
+    presence: Presence | None = None,
 ) -> tuple[list[Device], int]:
     """One page of the matching devices in enrolment order, and how many match in all.
 
     The state is filtered in SQL; tags and profile ranges here, since JSON operators
     differ between SQLite and PostgreSQL, and liveness here too, on the ``last_seen`` a
     loaded device shows (it includes heartbeats not yet flushed to the database,
-    :mod:`coordinator.liveness`), so ``status`` agrees with each device's ``online``.
-    Deleted devices never appear.
+    :mod:`coordinator.liveness`) and the MQTT statuses in ``presence``, so ``status``
+    agrees with each device's ``online``. Deleted devices never appear.
     """
     query = select(Device).where(Device.state != "deleted")
     if where.state is not None:
         query = query.where(Device.state == where.state)
     query = query.order_by(Device.enrolled_at, Device.id)
-    matching = [d for d in session.scalars(query) if where.matches(d, now, live_within_s)]
+    matching = [d for d in session.scalars(query) if where.matches(d, now, live_within_s, presence)]
     return matching[offset : offset + limit], len(matching)
 
 

@@ -10,8 +10,10 @@ embedded in ``meshfl local`` — do not clash. It exports
 - ``meshfl_http_request_duration_seconds{method, route}``: a histogram of the time to
   answer (seconds, wall clock);
 - ``meshfl_devices{state, online}``: enrolled devices by state (``active``,
-  ``draining``, ``revoked``) and whether heard from within ``live_within_s``;
+  ``draining``, ``revoked``) and whether online (:mod:`coordinator.presence`: the Last
+  Will status, else heard from within ``live_within_s``);
 - ``meshfl_jobs{status}``: jobs by status;
+- the per-job counters of :mod:`coordinator.job_metrics` (``meshfl_job_*{job}``);
 - ``meshfl_store_up``: 1 when the gauges above could be read from the database, else 0.
 
 The fleet gauges are read from the database at scrape time. To export more (learning
@@ -27,6 +29,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -37,6 +40,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import Device, Job
+from coordinator.job_metrics import job_counters
+from coordinator.presence import Presence, online_status
 from coordinator.settings import CoordinatorSettings
 from meshfl.contract import DeviceState, JobStatus
 
@@ -61,25 +66,30 @@ UNMATCHED = "unmatched"
 """The ``route`` label of a request no route matched (404s of unknown paths, 413s)."""
 
 
-def device_gauges(session: Session, now: float, settings: CoordinatorSettings) -> list[Metric]:
+def device_gauges(
+    session: Session,
+    now: float,
+    settings: CoordinatorSettings,
+    presence: Presence | None = None,
+) -> list[Metric]:
     """``meshfl_devices{state, online}``; every known state appears, with 0 if none.
 
-    Deleted devices (tombstones) are not counted. ``online`` reads ``devices.last_seen``
-    in SQL: at most one heartbeat flush (1 s) behind (:mod:`coordinator.liveness`).
+    Deleted devices (tombstones) are not counted. ``online`` is the devices' ``online``
+    (:func:`coordinator.presence.online_status` with ``presence``) on
+    ``devices.last_seen`` as stored: at most one heartbeat flush (1 s) behind
+    (:mod:`coordinator.liveness`).
     """
-    online = (Device.last_seen >= now - settings.live_within_s).label("online")
-    query = (
-        select(Device.state, online, func.count())
-        .where(Device.state != "deleted")
-        .group_by(Device.state, online)
-    )
-    counts = {(str(s), bool(o)): int(n) for s, o, n in session.execute(query)}
-    for state in get_args(DeviceState):
-        for flag in (True, False):
-            counts.setdefault((state, flag), 0)
+    query = select(Device.id, Device.state, Device.last_seen).where(Device.state != "deleted")
+    counts = {(state, flag): 0 for state in get_args(DeviceState) for flag in (True, False)}
+    for device_id, state, seen in session.execute(query):
+        shown = online_status(
+            presence, device_id, seen, now=now, live_within_s=settings.live_within_s
+        )
+        key = (str(state), shown.online)
+        counts[key] = counts.get(key, 0) + 1
     family = GaugeMetricFamily(
         "meshfl_devices",
-        "Enrolled devices by state and whether they were heard from within live_within_s.",
+        "Enrolled devices by state and whether they are online (Last Will or heartbeats).",
         labels=["state", "online"],
     )
     for (state, flag), n in sorted(counts.items()):
@@ -112,6 +122,8 @@ class CoordinatorMetrics:
         ``live_within_s`` decides ``online``.
     clock : callable
         The app's clock (unix seconds), for ``online``.
+    presence : Presence, optional
+        The devices' MQTT statuses, for ``online`` (``None``, default: heartbeats only).
 
     """
 
@@ -120,6 +132,7 @@ class CoordinatorMetrics:
         sessions: sessionmaker[Session],
         settings: CoordinatorSettings,
         clock: Callable[[], float],
+        presence: Presence | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
@@ -135,7 +148,8 @@ class CoordinatorMetrics:
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
-        self._sources: list[Source] = [device_gauges, job_gauges]
+        self._sources: list[Source] = [partial(device_gauges, presence=presence), job_gauges]
+        self._sources.append(job_counters)  # per-job learning counters (coordinator.job_metrics)
         self.registry.register(_StoreCollector(self._sources, sessions, settings, clock))
 
     def add_source(self, source: Source) -> None:

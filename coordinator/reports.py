@@ -14,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 
 from coordinator.db import Device, DeviceProfile, Job, JobDevice, RoundMetric
+from coordinator.presence import Presence, online_status
 from meshfl.aggregation import consensus_distance
 from meshfl.contract import (
     Assignment,
@@ -50,11 +51,19 @@ __all__ = [
 ]
 
 
-def device_public(device: Device, now: float, live_within_s: float) -> DevicePublic:
+def device_public(
+    device: Device, now: float, live_within_s: float, presence: Presence | None = None
+) -> DevicePublic:
     """Show a device as operators see it (no token, no digest).
 
-    ``online``: heard from within ``live_within_s`` seconds before ``now`` (unix s).
+    ``online`` and ``online_source`` follow :func:`coordinator.presence.online_status`:
+    the device's latest MQTT status in ``presence`` when it is at least as recent as
+    ``last_seen``, else heard from within ``live_within_s`` seconds before ``now``
+    (unix s). ``presence`` ``None``: the heartbeat rule only.
     """
+    online = online_status(
+        presence, device.id, device.last_seen, now=now, live_within_s=live_within_s
+    )
     return DevicePublic(
         device_id=device.id,
         name=device.name,
@@ -65,8 +74,9 @@ def device_public(device: Device, now: float, live_within_s: float) -> DevicePub
         tags=list(device.tags or []),
         labels=dict(device.labels or {}),
         state=cast(DeviceState, device.state),
-        online=now - device.last_seen <= live_within_s,
+        online=online.online,
         revoked_at=device.revoked_at,
+        online_source=online.source,
     )
 
 

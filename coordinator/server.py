@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Publish
+from coordinator.presence import Subscribe
 from coordinator.settings import CoordinatorSettings
 from meshfl.errors import ConfigError
 
@@ -32,6 +34,8 @@ def serve(
     port: int = 8080,
     publish: Publish | None = None,
     broker_accounts: BrokerAccounts | None = None,
+    subscribe: Subscribe | None = None,
+    uvicorn_logging: bool = True,
 ) -> None:
     """Serve the coordinator until interrupted (uvicorn, log level ``warning``).
 
@@ -40,7 +44,10 @@ def serve(
     shown in full once — it is not stored anywhere, so note it. ``publish`` is the
     control-topic publisher handed to :func:`coordinator.app.create_app` (``None``: no
     push); ``broker_accounts`` the broker's login table it updates on enrol and revoke
-    (``None``: none).
+    (``None``: none); ``subscribe`` delivers the devices' status topics, so a Last Will
+    turns a device offline at once (:mod:`coordinator.presence`; ``None``: heartbeats
+    only). ``uvicorn_logging`` False leaves logging as the caller configured it (JSON
+    lines, :mod:`meshfl.cli.logs`): uvicorn's loggers then propagate to the root's handler.
     """
     import uvicorn
     from sqlalchemy.engine import make_url
@@ -50,7 +57,7 @@ def serve(
 
     settings, generated = ensure_tokens(settings)
     try:
-        app = create_app(settings, publish, broker_accounts=broker_accounts)
+        app = create_app(settings, publish, broker_accounts=broker_accounts, subscribe=subscribe)
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise ConfigError(
@@ -70,16 +77,19 @@ def serve(
     print(
         "meshfl coordinator\n"
         f"  URL:          http://{host}:{port}  (API docs: http://{host}:{port}/docs)\n"
+        f"  dashboard:    http://{host}:{port}/ui  (log in with an API token)\n"
         f"  fleet:        {settings.fleet}\n"
         f"  enrol token:  {shown('enrol_token')}\n"
         f"  admin token:  {shown('admin_token')}\n"
         f"  database:     {make_url(settings.db_url).render_as_string(hide_password=True)}\n"
         f"  artifacts:    {settings.artifacts_path()}\n"
         f"  control push: {'MQTT ' + str(settings.broker_url) if publish else 'off (agents poll)'}"
+        f"\n  device status: {'Last Will over MQTT' if subscribe else 'heartbeats only'}"
         f"\n  broker logins: {'one per device' if broker_accounts else 'not managed'}",
         flush=True,
     )
     # Keep idle connections 15 s (uvicorn's default is 5): a device polling or sending a
     # heartbeat every 10 s then reuses its connection (W5: 1.96 instead of 2.37 ms of
     # server CPU a heartbeat, BENCHMARKS.md).
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=15)
+    logging: dict[str, Any] = {} if uvicorn_logging else {"log_config": None}
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=15, **logging)

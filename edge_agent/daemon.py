@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 from edge_agent.engine import status_payload
 from edge_agent.health import HealthWriter
 from edge_agent.job import JobRunner
+from edge_agent.observer import AgentObserver, NullObserver
 from edge_agent.rest import CoordinatorClient
 from edge_agent.transport.base import Message, Transport
+from meshfl import logcontext
 from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelSpec
 from meshfl.errors import ConfigError, MeshflError, SecurityError
 from meshfl.wire import status_topic, validate_id
@@ -77,8 +79,17 @@ class AgentConfig:
     broker_ca: Path | None = None
 
 
-def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
+def run_agent(
+    config: AgentConfig,
+    transport: Transport | None = None,
+    observer: AgentObserver | None = None,
+) -> None:
     """Run the agent until its work is done (``once``) or it is interrupted.
+
+    ``observer`` hears of the connection, each job and each round
+    (:mod:`edge_agent.observer`; the CLI passes :class:`edge_agent.telemetry.AgentTelemetry`
+    with ``--metrics-port``); default: nobody. Log records carry the device id once
+    enrolled and the job id while one runs (:mod:`meshfl.logcontext`).
 
     Raises
     ------
@@ -104,31 +115,49 @@ def run_agent(config: AgentConfig, transport: Transport | None = None) -> None:
             config.token, config.name, capability_profile(None), identity.public_b64
         )
         client.retry_s = config.run_retry_s  # once enrolled, ride out longer outages
-        device_id, fleet = enrolment["device_id"], enrolment["fleet"]
-        if transport is None:
-            broker = config.broker or enrolment["broker_url"]
-            if not broker:
-                raise ConfigError(
-                    "the coordinator advertises no broker URL; pass --broker mqtt[s]://HOST:PORT"
-                )
-            transport = _broker_transport(config, enrolment, broker)
-        will = Message(status_topic(fleet, device_id), _status("offline"), qos=1, retain=True)
-        transport.connect(device_id, will=will)
-        log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
-        transport.publish(status_topic(fleet, device_id), _status("online"), retain=True)
-        live = transport  # the health thread reads the connection state of this transport
-        health = HealthWriter(config.out, device_id, config.name, lambda: live.connected)
-        health.start()
-        failed = True
-        try:
-            link = _report_profile(config, client, transport, device_id, fleet, x, y)
-            _serve(config, client, transport, device_id, fleet, x, y, link, health, identity)
-            failed = False
-        finally:
-            health.stop()
-            _say_offline(transport, fleet, device_id, quiet=failed)
+        with logcontext.bind(device=enrolment["device_id"]):
+            _connected(
+                config, client, enrolment, transport, observer or NullObserver(), identity, x, y
+            )
     finally:
         client.close()
+
+
+def _connected(
+    config: AgentConfig,
+    client: CoordinatorClient,
+    enrolment: EnrolResponse,
+    transport: Transport | None,
+    observer: AgentObserver,
+    identity: IdentityKey,
+    x: Any,
+    y: Any,
+) -> None:
+    """Connect to the broker, say online, report the profile and serve jobs; then offline."""
+    device_id, fleet = enrolment["device_id"], enrolment["fleet"]
+    if transport is None:
+        broker = config.broker or enrolment["broker_url"]
+        if not broker:
+            raise ConfigError(
+                "the coordinator advertises no broker URL; pass --broker mqtt[s]://HOST:PORT"
+            )
+        transport = _broker_transport(config, enrolment, broker)
+    will = Message(status_topic(fleet, device_id), _status("offline"), qos=1, retain=True)
+    transport.connect(device_id, will=will)
+    log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
+    transport.publish(status_topic(fleet, device_id), _status("online"), retain=True)
+    live = transport  # the health thread and the observer read this transport's state
+    observer.connected(device_id, lambda: live.reconnects)
+    health = HealthWriter(config.out, device_id, config.name, lambda: live.connected)
+    health.start()
+    failed = True
+    try:
+        link = _report_profile(config, client, transport, device_id, fleet, x, y)
+        _serve(config, client, transport, device_id, fleet, x, y, link, health, identity, observer)
+        failed = False
+    finally:
+        health.stop()
+        _say_offline(transport, fleet, device_id, quiet=failed)
 
 
 def _say_offline(transport: Transport, fleet: str, device_id: str, *, quiet: bool) -> None:
@@ -191,6 +220,7 @@ def _serve(
     link: CapabilityProfile,
     health: HealthWriter,
     identity: IdentityKey | None = None,
+    observer: AgentObserver | None = None,
 ) -> None:
     finished: set[str] = set()
     while True:
@@ -202,20 +232,21 @@ def _serve(
         finished.add(job_id)
         health.job_id = job_id
         runner = JobRunner(
-            config, client, transport, device_id, assignment, link, identity=identity
+            config, client, transport, device_id, assignment, link, identity, observer
         )
-        try:
-            runner.run(x, y)  # type: ignore[arg-type]
-        except (ConfigError, SecurityError) as exc:  # this job does not fit: decline it
-            log.error("declining job %s: %s", job_id, exc)
-            transport.publish(
-                status_topic(fleet, device_id),
-                status_payload("declined", job_id),
-                retain=True,
-            )
-            client.post_decline(job_id, str(exc))
-            if config.once:
-                raise
+        with logcontext.bind(job=job_id):
+            try:
+                runner.run(x, y)  # type: ignore[arg-type]
+            except (ConfigError, SecurityError) as exc:  # this job does not fit: decline it
+                log.error("declining job %s: %s", job_id, exc)
+                transport.publish(
+                    status_topic(fleet, device_id),
+                    status_payload("declined", job_id),
+                    retain=True,
+                )
+                client.post_decline(job_id, str(exc))
+                if config.once:
+                    raise
             # The retained "declined" status stays: neighbours that subscribe later must
             # see it. The next job's engine announces readiness for that job itself.
         health.job_id = None

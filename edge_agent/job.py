@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.engine import GossipEngine
+from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
 from edge_agent.secure_engine import SecureEngine
@@ -18,6 +19,7 @@ from edge_agent.secure_job import build_secure_engine
 from edge_agent.signing import Signer, Verifier
 from edge_agent.transport.base import Transport
 from edge_agent.versions import TopologyVersion
+from meshfl import logcontext
 from meshfl.aggregation import (
     ChocoGossip,
     DPSGDGossip,
@@ -74,7 +76,11 @@ def _export_onnx(
 
 
 class JobRunner:
-    """Runs the rounds of one assignment and reports each to the coordinator."""
+    """Runs the rounds of one assignment and reports each to the coordinator.
+
+    ``observer`` hears of the job's start and end and of every round
+    (:mod:`edge_agent.observer`; default: nobody).
+    """
 
     def __init__(
         self,
@@ -85,8 +91,11 @@ class JobRunner:
         assignment: Assignment,
         link: CapabilityProfile | None = None,
         identity: IdentityKey | None = None,
+        observer: AgentObserver | None = None,
     ) -> None:
         self.config = config
+        self.observer: AgentObserver = observer or NullObserver()
+        self.epsilon: float | None = None  # ε this DP job spent on the device so far
         self.identity = identity  # the enrolled Ed25519 key (secure aggregation signs with it)
         self.link = link  # the latest link figures (with measured_at), if any
         self.client = client
@@ -100,7 +109,14 @@ class JobRunner:
         self.verifier: Verifier | None = None
 
     def run(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Run every round of the job on local data ``x`` (n, d) float32, ``y`` (n,) int64."""
+        """Run every round of the job on local data ``x`` (n, d) float32, ``y`` (n,) int64.
+
+        Log lines meanwhile carry the device and job ids (:mod:`meshfl.logcontext`).
+        """
+        with logcontext.bind(device=self.device_id, job=self.job_id):
+            self._run(x, y)
+
+    def _run(self, x: np.ndarray, y: np.ndarray) -> None:
         from edge_agent.probe import capability_profile
         from edge_agent.trainer import Trainer
         from models.data import check_model_fit
@@ -137,6 +153,25 @@ class JobRunner:
         else:
             engine = self._gossip_engine(trainer.params(), topo)
         engine.start()
+        self.observer.job_started(self.job_id, engine.queue_depth)
+        try:
+            self._start(engine, trainer, topo, x, y, x_test, y_test, profile)
+        finally:
+            self.observer.job_finished(self.job_id)
+
+    def _start(
+        self,
+        engine: GossipEngine | SecureEngine,
+        trainer: Trainer,
+        topo: TopologyVersion,
+        x: np.ndarray,
+        y: np.ndarray,
+        x_test: np.ndarray,
+        y_test: np.ndarray,
+        profile: CapabilityProfile,
+    ) -> None:
+        """Join (a joiner catches up from keyframes) or wait for neighbours; run the rounds."""
+        spec = self.spec
         round_ = max(1, self.assignment["start_round"])
         if round_ > 1 and isinstance(
             engine, GossipEngine
@@ -209,7 +244,8 @@ class JobRunner:
                 raise
             log.warning("round %d: stopping before the privacy budget is crossed: %s", round_, exc)
             return False
-        log.debug("round %d: ε spent %.3f", round_, status["epsilon_spent"])
+        self.epsilon = float(status["epsilon_spent"])
+        log.debug("round %d: ε spent %.3f", round_, self.epsilon)
         return True
 
     def _rounds(
@@ -290,6 +326,7 @@ class JobRunner:
                     metrics["rejected_replayed"] = now_refused[2] - refused[2]
                     refused = now_refused
                 reporter.post_metrics(metrics)
+                self._observe(metrics, engine)
                 log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
                 if (
                     refresh_s > 0
@@ -345,6 +382,23 @@ class JobRunner:
                 bad,
                 replayed,
             )
+
+    def _observe(self, metrics: RoundMetrics, engine: GossipEngine | SecureEngine) -> None:
+        """Tell the observer about a reported round: its figures and the engine's counts."""
+        applied, dropped, rejected = engine_counts(engine.stats)
+        self.observer.round_finished(
+            RoundSample(
+                job=self.job_id,
+                round=metrics["round"],
+                seconds=metrics["round_s"],
+                bytes_sent=metrics["bytes_sent"],
+                bytes_received=metrics["bytes_received"],
+                applied=applied,
+                dropped=dropped,
+                rejected=rejected,
+                epsilon=self.epsilon if self.privacy.dp else None,
+            )
+        )
 
     def _signing(self) -> tuple[Signer | None, Verifier | None]:
         """The job's signer and verifier; ``(None, None)`` if ``signed_deltas`` is false.

@@ -39,6 +39,10 @@ class Mailbox:
     def _handle(self, topic: str, payload: bytes) -> None:
         raise NotImplementedError
 
+    def queue_depth(self) -> int:
+        """Received messages waiting to be handled (approximate: other threads add)."""
+        return self._inbox.qsize()
+
     def _on_message(self, topic: str, payload: bytes) -> None:
         # Runs on the transport's network thread: do nothing but hand over.
         self._inbox.put((topic, payload))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from edge_agent.rest import CoordinatorClient
 from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
 from meshfl.errors import MeshflError
+from meshfl.logcontext import run_in_context
 
 __all__ = ["Reporter"]
 
@@ -70,7 +71,10 @@ class Reporter:
         self._polls = 0  # completed polls, for wait_for_poll
         self._poll_done = threading.Condition(self._lock)
         self._error: MeshflError | None = None
-        self._thread = threading.Thread(target=self._run, name="meshfl-reporter", daemon=True)
+        # In the caller's log context: its lines name the device and job (meshfl.logcontext).
+        self._thread = threading.Thread(
+            target=run_in_context(self._run), name="meshfl-reporter", daemon=True
+        )
         self._thread.start()
 
     def post_metrics(self, metrics: RoundMetrics) -> None:

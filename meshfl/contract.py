@@ -257,7 +257,10 @@ work; ``revoked``: its device token and broker login no longer work (issue 6).""
 class DevicePublic(TypedDict):
     """A device as operators see it.
 
-    ``online``: heard from within the coordinator's ``live_within_s`` seconds.
+    ``online``: its latest MQTT status (``online``, or ``offline`` from a clean shutdown
+    or its Last Will) when that came at or after ``last_seen``, else heard from within
+    the coordinator's ``live_within_s`` seconds; ``online_source`` says which decided
+    (``"last_will"`` or ``"heartbeat"``). See docs/fleet.md, "Online".
     """
 
     device_id: str
@@ -272,6 +275,7 @@ class DevicePublic(TypedDict):
     state: DeviceState
     online: bool
     revoked_at: float | None  # unix seconds; None: not revoked
+    online_source: NotRequired[Literal["last_will", "heartbeat"]]
 
 
 class DevicePatch(TypedDict, total=False):

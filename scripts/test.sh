@@ -12,6 +12,15 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ] \
       "sudo apt-get install mosquitto mosquitto-clients" >&2; exit 1
   fi
 fi
+# tests/e2e/test_dashboard_browser.py drives Debian's chromium through Playwright (the
+# playwright package comes with the dev extra; no `playwright install`).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null
+  else
+    echo "the tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1
+  fi
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip

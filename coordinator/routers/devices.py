@@ -16,6 +16,7 @@ from coordinator.deps import (
     NowDep,
     OperateDep,
     OwnDeviceDep,
+    PresenceDep,
     ReadDep,
     SessionDep,
     SettingsDep,
@@ -151,6 +152,7 @@ def list_devices(
     session: SessionDep,
     settings: SettingsDep,
     now: NowDep,
+    presence: PresenceDep,
     response: Response,
     limit: Limit = 100,
     offset: Offset = 0,
@@ -158,7 +160,7 @@ def list_devices(
     state: Annotated[DeviceState | None, Query(description="only devices in this state")] = None,
     status_: Annotated[
         Literal["online", "offline"] | None,
-        Query(alias="status", description="online: heard from within live_within_s"),
+        Query(alias="status", description="as each device's online (docs/fleet.md, Online)"),
     ] = None,
     min_cores: Annotated[float | None, _bound("cores", True)] = None,
     max_cores: Annotated[float | None, _bound("cores", False)] = None,
@@ -191,18 +193,30 @@ def list_devices(
         maximums={k: v for k, v in maximums.items() if v is not None},
     )
     found, total = fleet.list_devices(
-        session, where, now=now, live_within_s=settings.live_within_s, limit=limit, offset=offset
+        session,
+        where,
+        now=now,
+        live_within_s=settings.live_within_s,
+        limit=limit,
+        offset=offset,
+        presence=presence,
     )
     response.headers["X-Total-Count"] = str(total)
-    return [reports.device_public(d, now, settings.live_within_s) for d in found]
+    return [reports.device_public(d, now, settings.live_within_s, presence) for d in found]
 
 
 @router.get("/{device_id}", response_model=DevicePublic)
 def get_device(
-    device_id: str, _: ReadDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    device_id: str,
+    _: ReadDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    presence: PresenceDep,
 ) -> DevicePublic:
     """One device (404 once deleted)."""
-    return reports.device_public(store.get_device(session, device_id), now, settings.live_within_s)
+    device = store.get_device(session, device_id)
+    return reports.device_public(device, now, settings.live_within_s, presence)
 
 
 @router.patch("/{device_id}", response_model=DevicePublic)
@@ -213,6 +227,7 @@ def patch_device(
     session: SessionDep,
     settings: SettingsDep,
     now: NowDep,
+    presence: PresenceDep,
 ) -> DevicePublic:
     """Replace the device's ``tags`` and/or ``labels`` (those omitted stay as they are).
 
@@ -220,7 +235,7 @@ def patch_device(
     values at most 256 printable characters (422 otherwise). Repeated tags are kept once.
     """
     device = fleet.patch(session, store.get_device(session, device_id), body)
-    return reports.device_public(device, now, settings.live_within_s)
+    return reports.device_public(device, now, settings.live_within_s, presence)
 
 
 _REVOKED_CONFLICT: Responses = {409: {"description": "The device is revoked"}}
@@ -234,6 +249,7 @@ def drain_device(
     settings: SettingsDep,
     control: ControlDep,
     now: NowDep,
+    presence: PresenceDep,
 ) -> DevicePublic:
     """Drain the device: it finishes the round it is in, then takes no new work.
 
@@ -242,16 +258,21 @@ def drain_device(
     Idempotent; 409 for a revoked device.
     """
     device = fleet.drain(session, store.get_device(session, device_id), now, control)
-    return reports.device_public(device, now, settings.live_within_s)
+    return reports.device_public(device, now, settings.live_within_s, presence)
 
 
 @router.post("/{device_id}/undrain", response_model=DevicePublic, responses=_REVOKED_CONFLICT)
 def undrain_device(
-    device_id: str, _: OperateDep, session: SessionDep, settings: SettingsDep, now: NowDep
+    device_id: str,
+    _: OperateDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    presence: PresenceDep,
 ) -> DevicePublic:
     """Make a draining device active again: it may take new jobs (idempotent; 409 if revoked)."""
     device = fleet.undrain(session, store.get_device(session, device_id))
-    return reports.device_public(device, now, settings.live_within_s)
+    return reports.device_public(device, now, settings.live_within_s, presence)
 
 
 @router.post("/{device_id}/revoke", response_model=DevicePublic, responses=_BROKER_DOWN)
@@ -263,6 +284,7 @@ def revoke_device(
     control: ControlDep,
     accounts: BrokerAccountsDep,
     now: NowDep,
+    presence: PresenceDep,
 ) -> DevicePublic:
     """Revoke the device: its token gets 401, its broker login is removed, it leaves its jobs.
 
@@ -274,7 +296,7 @@ def revoke_device(
         fleet.revoke(session, device, now, control, accounts)
     except ConfigError as exc:
         raise _unavailable(f"device revoked, but its broker login remains ({exc})") from None
-    return reports.device_public(device, now, settings.live_within_s)
+    return reports.device_public(device, now, settings.live_within_s, presence)
 
 
 @router.delete(
@@ -313,6 +335,7 @@ def put_profile(
     settings: SettingsDep,
     control: ControlDep,
     now: NowDep,
+    presence: PresenceDep,
 ) -> DevicePublic:
     """Replace the device's capability profile and append it to its history (own token only).
 
@@ -322,7 +345,7 @@ def put_profile(
     validation.validate_profile(body)
     store.update_profile(session, device, body, now)
     lifecycle.leave_on_battery(session, device, now, control)
-    return reports.device_public(device, now, settings.live_within_s)
+    return reports.device_public(device, now, settings.live_within_s, presence)
 
 
 @router.get("/{device_id}/profiles", response_model=list[ProfileSample])

@@ -8,7 +8,6 @@ a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import typer
@@ -16,6 +15,7 @@ import typer
 from meshfl.cli.agent import agent_app
 from meshfl.cli.bench import bench_app
 from meshfl.cli.data import data_app
+from meshfl.cli.export import export_app
 from meshfl.cli.fleet import fleet_app
 from meshfl.cli.job import job_app
 from meshfl.cli.local import local
@@ -43,6 +43,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 app.add_typer(topology_app, name="topology")
 app.add_typer(model_app, name="model")
+app.add_typer(export_app, name="export")
 app.command("local")(local)
 app.command("predict")(predict)
 
@@ -83,10 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
 
-def setup_logging(verbose: bool = False, prefix: str = "") -> None:
-    """Log to stderr in one plain line per record."""
-    fmt = "%(asctime)s " + (f"[{prefix}] " if prefix else "") + "%(levelname)s %(message)s"
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format=fmt, stream=sys.stderr
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def setup_logging(verbose: bool = False, prefix: str = "", log_format: str = "text") -> None:
+    """Log to stderr, one plain line (or one JSON object) per record (:mod:`meshfl.cli.logs`)."""
+    from meshfl.cli.logs import configure_logging
+
+    configure_logging(verbose, prefix, log_format)

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from meshfl.cli.logs import LogFormat, LogFormatOption
+
 agent_app = typer.Typer(help="Run an edge agent on this device.", no_args_is_help=True)
 
 
@@ -53,8 +55,26 @@ def run(
         ),
     ] = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
+    log_format: LogFormatOption = LogFormat.TEXT,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this port (GET /metrics; 0: any free port)."
+            " Default: off.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(help="Address the --metrics-port server listens on.")
+    ] = "127.0.0.1",
 ) -> None:
-    """Enrol with the coordinator, connect to the broker and run the jobs assigned."""
+    """Enrol with the coordinator, connect to the broker and run the jobs assigned.
+
+    With --metrics-port the agent serves its Prometheus metrics (rounds, bytes, deltas
+    applied/dropped/rejected, reconnects, queue depth, ε; docs/observability.md).
+    """
+    import logging
     import math
     import signal
     import socket
@@ -67,7 +87,15 @@ def run(
     if not (math.isfinite(slowdown) and slowdown >= 1):  # before enrolling, not at the job
         raise ConfigError(f"--slowdown must be a finite number >= 1 (got {slowdown})")
     device_name = name or socket.gethostname().split(".")[0]
-    setup_logging(verbose, prefix=device_name)
+    setup_logging(verbose, prefix=device_name, log_format=log_format.value)
+    telemetry = None
+    if metrics_port is not None:
+        from edge_agent.telemetry import AgentTelemetry
+
+        telemetry = AgentTelemetry(device_name)
+        port = telemetry.serve(metrics_host, metrics_port)  # ConfigError: in use
+        # A log line, not a bare echo: with --log-format json stderr stays pure JSON.
+        logging.getLogger("meshfl.agent").info("metrics: http://%s:%d/metrics", metrics_host, port)
     # SIGTERM ends the agent like Ctrl-C: finally-blocks publish "offline" and disconnect.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_agent(
@@ -84,7 +112,8 @@ def run(
             threads=threads,
             slowdown=slowdown,
             broker_ca=broker_ca,
-        )
+        ),
+        observer=telemetry,
     )
 
 

@@ -55,7 +55,7 @@ def ls(
     ] = None,
     online: Annotated[
         bool | None,
-        typer.Option("--online/--offline", help="Only devices heard from recently / not."),
+        typer.Option("--online/--offline", help="Only devices online / not (Last Will, polls)."),
     ] = None,
     min_cores: Annotated[
         int | None, typer.Option(min=0, help="Only devices with at least this many cores.")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import signal
+import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshfl.cli.logs import LogFormat, LogFormatOption
 from meshfl.cli.model import (
     HiddenOption,
     ImageShapeOption,
@@ -54,6 +57,9 @@ from meshfl.cli.options import (
 )
 from meshfl.contract import RoundSummary
 from meshfl.local.run import DEFAULTS
+
+if TYPE_CHECKING:
+    from meshfl.local.run import LocalRun
 
 
 def local(
@@ -139,6 +145,27 @@ def local(
             " the fleet's ACL; deltas signed (docs/security.md). Not with --broker or --link.",
         ),
     ] = False,
+    dashboard: Annotated[
+        bool,
+        typer.Option(
+            "--dashboard",
+            help="Print a read-only login link to the coordinator's web dashboard (fleet,"
+            " topology graph, training curves; docs/dashboard.md).",
+        ),
+    ] = False,
+    dashboard_linger: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help="With --dashboard: keep the broker and coordinator up this long after the"
+            " job ends [default: until Ctrl-C on a terminal, else 0].",
+            show_default=False,
+        ),
+    ] = None,
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="With --dashboard: open the link in your browser.")
+    ] = False,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
     from rich.console import Console
@@ -201,6 +228,10 @@ def local(
         dp_epsilon_budget=dp_epsilon_budget,
         robust=robust,
         secure=secure,
+        dashboard=dashboard,
+        dashboard_linger_s=_linger(dashboard, dashboard_linger),
+        open_browser=open_browser,
+        log_format=log_format.value,
     )
     validate(config)
     check_secure_options(config)
@@ -216,13 +247,22 @@ def local(
         console.print(secure_note, highlight=False)
     view = _RoundView(console)
     began = time.monotonic()
+
+    def summarize(result: LocalRun) -> None:  # before a --dashboard-linger wait
+        view.close()
+        _summary(console, result, time.monotonic() - began, dp_delta)
+
     try:
         with view:
-            result = run_local(config, show=view.update, notify=view.note)
+            run_local(config, show=view.update, notify=view.note, on_report=summarize)
     except KeyboardInterrupt:
         raise Interrupted("interrupted; every process of the run was stopped") from None
     finally:
         view.close()
+
+
+def _summary(console: Any, result: LocalRun, total_s: float, dp_delta: float) -> None:
+    """Print the run's outcome: accuracy, bytes, churn, topology, privacy, report, ONNX."""
     final = result.report["final"]
     if final["mean_accuracy"] is None:
         console.print("[yellow]no round completed[/]")
@@ -232,7 +272,7 @@ def local(
             f" minimum {final['min_accuracy']:.4f};"
             f" {final['bytes_sent_total'] / 1e6:.3f} MB sent;"
             f" {final['wall_s']:.1f} s from fleet start to the job's end,"
-            f" {time.monotonic() - began:.1f} s in all"
+            f" {total_s:.1f} s in all"
         )
     for name, why in result.failed_agents.items():
         console.print(f"[yellow]agent {name} failed: {why}[/]")
@@ -267,6 +307,17 @@ def local(
         for failure in onnx["failures"]:
             console.print(f"ONNX check failed: {failure}", style="red", markup=False)
         console.print(consensus_line(onnx), markup=False, highlight=False, soft_wrap=True)
+
+
+def _linger(dashboard: bool, seconds: float | None) -> float | None:
+    """``--dashboard-linger`` as given, else with ``--dashboard`` on a terminal ``math.inf``.
+
+    ``None`` (not given, no wait) otherwise: validate() refuses any given value without
+    ``--dashboard``, 0 included.
+    """
+    if seconds is not None or not dashboard or not sys.stdin.isatty():
+        return seconds
+    return math.inf
 
 
 def _tuple(values: list[int] | None) -> tuple[int, ...] | None:
@@ -331,7 +382,7 @@ class _RoundView:
 
     def note(self, line: str) -> None:
         """A fleet event (join, kill, new topology version), printed above the table."""
-        self.console.print(f"[cyan]{line}[/]", highlight=False)
+        self.console.print(f"[cyan]{line}[/]", highlight=False, soft_wrap=True)
 
     def update(self, rounds: list[RoundSummary]) -> None:
         if self.live is not None:

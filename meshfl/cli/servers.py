@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshfl.cli.logs import LogFormat, LogFormatOption
+
 if TYPE_CHECKING:
     from broker.passwords import PasswordFile
+    from coordinator.presence import Subscribe
     from edge_agent.transport.mqtt import MqttTransport
 
 coordinator_app = typer.Typer(help="The fleet's control plane (FastAPI).", no_args_is_help=True)
@@ -68,13 +73,16 @@ def coordinator_serve(
             help="Its password (default with --broker-password-file: a new one at each start).",
         ),
     ] = None,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Serve the coordinator's REST API (OpenAPI docs at /docs).
 
     Every option can also be set by an environment variable MESHFL_COORDINATOR_<NAME>
     (e.g. MESHFL_COORDINATOR_DB_URL); without --broker-url devices need --broker. With
     --broker-url the coordinator also publishes each topology version, retained, on the
-    fleet's control topic (meshfl/v1/FLEET/control).
+    fleet's control topic (meshfl/v1/FLEET/control), and watches the devices' status
+    topics (meshfl/v1/FLEET/node/+/status): a device whose agent dies shows offline as
+    soon as the broker publishes its Last Will.
 
     With a secured Mosquitto (`meshfl broker config --secure`, docs/security.md):
     --broker-password-file and --broker-pid-file let enrolment create each device's
@@ -83,9 +91,16 @@ def coordinator_serve(
     """
     import socket
 
-    from coordinator.server import serve
+    from coordinator.server import serve as serve_app
     from coordinator.settings import CoordinatorSettings
     from meshfl.errors import ConfigError
+
+    json_logs = log_format is LogFormat.JSON
+    if json_logs:  # one JSON object per line, uvicorn's too; text keeps uvicorn's own
+        from meshfl.cli import setup_logging
+
+        setup_logging(log_format="json")
+    serve = partial(serve_app, uvicorn_logging=not json_logs)
 
     with socket.socket() as probe:
         # As uvicorn binds: a restart right after a crash is not refused for TIME-WAIT.
@@ -120,7 +135,14 @@ def coordinator_serve(
         transport.publish(topic, payload, qos=1, retain=True)
 
     try:
-        serve(settings, host=host, port=port, publish=publish, broker_accounts=accounts)
+        serve(
+            settings,
+            host=host,
+            port=port,
+            publish=publish,
+            broker_accounts=accounts,
+            subscribe=_subscriber(transport),
+        )
     finally:
         transport.flush(2.0)
         transport.close()
@@ -174,6 +196,9 @@ def _coordinator_login(
     return username, password
 
 
+_NO_BROKER = "no control-topic push and no Last-Will presence"
+
+
 def _control_transport(
     broker_url: str | None,
     fleet: str,
@@ -185,8 +210,10 @@ def _control_transport(
 
     The client id is the login's username, else ``coordinator-{fleet}``; ``ca_file`` is
     trusted for an ``mqtts://`` URL. Once connected, the transport reconnects by itself. A
-    broker that cannot be reached now only costs the push: agents also poll the REST API
-    every round, so the coordinator warns and runs without it.
+    broker that cannot be reached now is not retried (the first connect probes the broker's
+    protocol, so it needs the broker up): the coordinator warns and runs without control
+    push (agents poll the REST API every round) and without Last-Will presence (device
+    status follows heartbeats only) until it is restarted with the broker up.
     """
     if not broker_url:
         return None
@@ -207,16 +234,41 @@ def _control_transport(
         )
         transport.connect(username or f"coordinator-{fleet}")
     except ImportError as exc:  # a coordinator-only install has no MQTT client
-        typer.echo(f"warning: no control-topic push ({exc}; install paho-mqtt)", err=True)
+        typer.echo(f"warning: {_NO_BROKER} ({exc}); install paho-mqtt", err=True)
         return None
     except MeshflError as exc:
         typer.echo(
-            f"warning: no control-topic push ({exc}); agents will learn topology changes by"
-            " polling",
+            f"warning: {_NO_BROKER} ({exc}); agents learn topology changes by polling and"
+            " online follows heartbeats only. Start the broker first, or restart the"
+            " coordinator once it runs",
             err=True,
         )
         return None
     return transport
+
+
+def _subscriber(transport: MqttTransport) -> Subscribe:
+    """``subscribe(topic_filter, on_message)`` over the coordinator's MQTT connection.
+
+    Each message goes to the ``on_message`` of every filter it matches (paho's
+    ``topic_matches_sub``); subscriptions are QoS 1 and restored after a reconnect
+    (:meth:`MqttTransport.subscribe`). A refused subscription raises a meshfl error.
+    """
+    from paho.mqtt.client import topic_matches_sub
+
+    handlers: list[tuple[str, Callable[[str, bytes], None]]] = []
+
+    def dispatch(topic: str, payload: bytes) -> None:
+        for topic_filter, on_message in list(handlers):
+            if topic_matches_sub(topic_filter, topic):
+                on_message(topic, payload)
+
+    def subscribe(topic_filter: str, on_message: Callable[[str, bytes], None]) -> None:
+        handlers.append((topic_filter, on_message))
+        transport.set_handler(dispatch)
+        transport.subscribe(topic_filter, qos=1)
+
+    return subscribe
 
 
 @broker_app.command("serve")

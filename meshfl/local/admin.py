@@ -10,6 +10,7 @@ from typing_extensions import Self
 
 from meshfl.contract import (
     API_PREFIX,
+    ApiTokenCreated,
     DevicePublic,
     DeviceRoundMetrics,
     DeviceRoundReport,
@@ -143,6 +144,20 @@ class AdminClient:
     def artifacts(self, job_id: str) -> JobArtifacts:
         """The job's uploaded device models and consensus model."""
         return cast(JobArtifacts, self._call("GET", f"/jobs/{path_segment(job_id)}/artifacts"))
+
+    def create_api_token(
+        self, role: str, name: str | None = None, ttl_s: float | None = None
+    ) -> ApiTokenCreated:
+        """Create an API token of ``role``; the answer carries its secret, shown only once.
+
+        Needs the admin role. ``ttl_s`` seconds of life; ``None``: it never expires.
+        """
+        body: dict[str, Any] = {"role": role}
+        if name is not None:
+            body["name"] = name
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return cast(ApiTokenCreated, self._call("POST", "/tokens", json=body))
 
     def download(self, path: str) -> bytes:
         """The bytes of a GET under the API prefix (a model file)."""

@@ -15,7 +15,6 @@ from typing import Any, Literal, cast
 import httpx
 
 from meshfl.contract import (
-    ApiTokenCreated,
     ApiTokenPublic,
     DevicePatch,
     DevicePublic,
@@ -172,17 +171,6 @@ class FleetClient(AdminClient):
     def api_tokens(self) -> list[ApiTokenPublic]:
         """Every API token (no secrets): role, name, expiry, status."""
         return cast(list[ApiTokenPublic], self._call("GET", "/tokens"))
-
-    def create_api_token(
-        self, role: str, name: str | None = None, ttl_s: float | None = None
-    ) -> ApiTokenCreated:
-        """Create an API token of ``role``; the answer carries its secret, shown only once."""
-        body: dict[str, Any] = {"role": role}
-        if name is not None:
-            body["name"] = name
-        if ttl_s is not None:
-            body["ttl_s"] = ttl_s
-        return cast(ApiTokenCreated, self._call("POST", "/tokens", json=body))
 
     def revoke_api_token(self, token_id: str) -> None:
         """Revoke an API token (its next request is refused with 401)."""

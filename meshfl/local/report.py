@@ -36,6 +36,7 @@ def build_report(
     links: Mapping[str, ShapingProxy] | None = None,
     profiles: Mapping[str, Mapping[str, Any]] | None = None,
     device_reports: Sequence[DeviceRoundReport] = (),
+    dashboard_url: str | None = None,
 ) -> dict[str, Any]:
     """The ``report.json`` document of a local run.
 
@@ -53,13 +54,18 @@ def build_report(
     device_reports : sequence of DeviceRoundReport
         Every device's round reports (``GET /jobs/{id}/reports``), for
         ``time_to_accuracy_live``: the first moment the mean of the devices' latest
-        accuracies reached each target — rounds need not align (async, slow links).
+        accuracies reached each target — rounds need not align (async, slow links); and
+        ``device_rounds``: each report as ``{"device" (name), "round", "accuracy",
+        "bytes_sent", "elapsed_s"}``, in arrival order (``meshfl export tensorboard``).
     links : mapping of str to ShapingProxy, optional
         The shaped links by device name: their spec and the bytes they carried.
     profiles : mapping of str to CapabilityProfile, optional
         The latest capability profile by device id; each device's entry gets its
         measured ``train_samples_per_s``, ``broker_rtt_s``, ``uplink_bytes_per_s`` and
         ``downlink_bytes_per_s`` (None where unmeasured).
+    dashboard_url : str, optional
+        The web dashboard's URL, never its token (``None``: no ``--dashboard``); every
+        report, an interrupted run's too, has the key.
 
     """
     names = {d["device_id"]: d["name"] for d in job["devices"]}
@@ -112,13 +118,22 @@ def build_report(
         },
         "time_to_accuracy": _time_to_accuracy(rounds),
         "time_to_accuracy_live": live_time_to_accuracy(device_reports),
+        "device_rounds": [_device_round(r, names) for r in device_reports],
         "topology": None if topology is None else topology_summary(topology, names),
         "churn": [dict(event) for event in churn],
         "links": [
             {"device": name, "link": spec, "bytes_up": p.bytes_up, "bytes_down": p.bytes_down}
             for name, spec, p in _links(config, links or {})
         ],
+        "dashboard_url": dashboard_url,
     }
+
+
+def _device_round(r: DeviceRoundReport, names: Mapping[str, str]) -> dict[str, Any]:
+    """One device's round report as ``device_rounds`` shows it: the device by name."""
+    return {"device": names.get(r["device_id"], r["device_id"]), "round": r["round"],
+            "accuracy": r["accuracy"], "bytes_sent": r["bytes_sent"],
+            "elapsed_s": r["elapsed_s"]}  # fmt: skip
 
 
 def topology_summary(topology: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:

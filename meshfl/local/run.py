@@ -22,6 +22,7 @@ import numpy as np
 from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient
+from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
@@ -54,7 +55,12 @@ class LocalConfig:
     default (W1: mlp [64]), ``image_shape`` ``(C, H, W)`` for 2-D models (None: square),
     ``model_kwargs`` a user model's keyword arguments. ``secure`` runs the fleet on its
     own Mosquitto with TLS, per-device logins and an ACL (not with ``broker`` or
-    ``links``; :mod:`meshfl.local.secure_broker`).
+    ``links``; :mod:`meshfl.local.secure_broker`). ``dashboard`` prints a read-only login
+    link to the coordinator's web dashboard and keeps the servers up
+    ``dashboard_linger_s`` seconds after the report is written (``math.inf``: until
+    Ctrl-C; ``None``, not given: no wait; any value needs ``dashboard``);
+    ``open_browser`` also opens the link (:mod:`meshfl.local.dashboard`). ``log_format``
+    (``text`` or ``json``) is the children's ``--log-format`` (their logs under ``logs/``).
     """
 
     agents: int = 8
@@ -108,6 +114,11 @@ class LocalConfig:
     robust: str | None = None
     # Security (issue 6): TLS + per-device broker logins + ACL on Mosquitto.
     secure: bool = False
+    # The web dashboard (docs/dashboard.md): a read-only login link, servers kept up after.
+    dashboard: bool = False
+    dashboard_linger_s: float | None = None
+    open_browser: bool = False
+    log_format: str = "text"
 
 
 DEFAULTS = LocalConfig()
@@ -134,6 +145,7 @@ def run_local(
     on_round: RoundHook | None = None,
     show: Callable[[list[RoundSummary]], None] | None = None,
     notify: Callable[[str], None] | None = None,
+    on_report: Callable[[LocalRun], None] | None = None,
 ) -> LocalRun:
     """Run one job on a local fleet and return its report.
 
@@ -148,7 +160,10 @@ def run_local(
         Called with all round summaries whenever a new one arrives (the live table).
     notify
         Called with one line per fleet event: an agent joining or killed
-        (``join_at``/``kill``), a new topology version.
+        (``join_at``/``kill``), a new topology version, the dashboard's login link.
+    on_report
+        Called once ``report.json`` is written, while the broker and the coordinator
+        still run (before the ``dashboard_linger_s`` wait); not on failure or Ctrl-C.
 
     Raises
     ------
@@ -191,9 +206,11 @@ def run_local(
         enrol_token = secrets.token_urlsafe(16)
         url, admin = _start_coordinator(
             supervisor, out, broker_url, enrol_token,
-            [] if secure is None else secure.coordinator_args(),
+            [*([] if secure is None else secure.coordinator_args()),
+             "--log-format", config.log_format],
         )  # fmt: skip
         say(f"broker {broker_url}, coordinator {url}; starting {config.agents} agents")
+        dashboard = start_dashboard(admin, config.open_browser, say) if config.dashboard else None
         slow = {device_name(name, "--slow"): factor for name, factor in config.slow}
 
         def start_agent(name: str) -> Child:
@@ -207,6 +224,7 @@ def run_local(
                     "--data", str(device_files[int(name.split("-")[1])]), "--name", name,
                     "--out", str(out / "models"), "--once",
                     "--label-column", config.label_column, *broker, *slowdown,
+                    "--log-format", config.log_format,
                 ],
             )  # fmt: skip
 
@@ -220,7 +238,7 @@ def run_local(
         try:
             final_job, rounds, failed = monitor(admin, supervisor, job, config, hooks, churn)
         except KeyboardInterrupt:
-            raise _interrupted(config, admin, job, started, churn, proxies) from None
+            raise _interrupted(config, admin, job, started, churn, proxies, dashboard) from None
         except MeshflError:
             if secure is not None:
                 secure.check()  # a dead broker is the cause: say so
@@ -238,7 +256,7 @@ def run_local(
             config, final_job, rounds, time.monotonic() - started, failed,
             topology=admin.topology(job["job_id"]), churn=churn.events, links=proxies,
             profiles={d["device_id"]: d["profile"] for d in admin.devices()},
-            device_reports=admin.reports(job["job_id"]),
+            device_reports=admin.reports(job["job_id"]), dashboard_url=dashboard,
         )  # fmt: skip
         report["security"] = _security_section(admin, final_job, spec, secure)
         say("job ended; fetching the consensus model and checking the ONNX exports")
@@ -247,6 +265,12 @@ def run_local(
         report["onnx"] = _onnx_section(
             final_job, spec, test_file, out, failed, None if published is None else Path(published)
         )
+        report_path, plot_path = write_report(out, report)
+        result = LocalRun(report, report_path, plot_path, failed)
+        if on_report is not None:
+            on_report(result)
+        if dashboard is not None:
+            linger(config.dashboard_linger_s, dashboard, supervisor, say)
     finally:
         if admin is not None:
             admin.close()
@@ -255,8 +279,7 @@ def run_local(
             proxy.stop()
         if secure is not None:
             secure.stop()
-    report_path, plot_path = write_report(out, report)
-    return LocalRun(report, report_path, plot_path, failed)
+    return result
 
 
 def _security_section(
@@ -321,8 +344,12 @@ def _interrupted(
     started: float,
     churn: Churn,
     proxies: dict[str, ShapingProxy],
+    dashboard: str | None,
 ) -> Interrupted:
-    """Stop the job, write the partial report, and say so (the caller stops the processes)."""
+    """Stop the job, write the partial report, and say so (the caller stops the processes).
+
+    ``dashboard`` is the dashboard's URL without its token (``None``: no ``--dashboard``).
+    """
     try:
         final_job = admin.stop_job(job["job_id"])
         rounds = admin.rounds(job["job_id"])
@@ -331,7 +358,7 @@ def _interrupted(
         return Interrupted("interrupted; every process of the run was stopped")
     report = build_report(
         config, final_job, rounds, time.monotonic() - started, {},
-        topology=topology, churn=churn.events, links=proxies,
+        topology=topology, churn=churn.events, links=proxies, dashboard_url=dashboard,
     )  # fmt: skip
     report["status"] = "interrupted"
     path, _ = write_report(config.out, report)

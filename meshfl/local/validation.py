@@ -76,6 +76,17 @@ def validate(config: LocalConfig) -> None:
         )
     if config.algorithm == "dpsgd" and parse_codec(config.codec).spec not in ("identity",):
         raise ConfigError("--algorithm dpsgd sends whole models: use --codec identity")
+    _validate_dashboard(config)
+
+
+def _validate_dashboard(config: LocalConfig) -> None:
+    """``--dashboard-linger`` (given at all) and ``--open`` only with ``--dashboard``; ≥ 0 s."""
+    linger = config.dashboard_linger_s
+    if linger is not None and not linger >= 0:  # also refuses NaN; inf: until Ctrl-C
+        raise ConfigError(f"--dashboard-linger must be a number of seconds >= 0 (got {linger})")
+    if not config.dashboard and (config.open_browser or linger is not None):
+        option = "--open" if config.open_browser else "--dashboard-linger"
+        raise ConfigError(f"{option} needs --dashboard")
 
 
 def is_graph_file(topology: str) -> bool:

@@ -29,6 +29,7 @@ from meshfl.wire.topics import (
     inbox_topic,
     parse_topic,
     probe_topic,
+    status_filter,
     status_topic,
     validate_id,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "parse_topic",
     "probe_topic",
     "split_message",
+    "status_filter",
     "status_topic",
     "validate_id",
 ]

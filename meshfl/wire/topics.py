@@ -7,6 +7,7 @@
     meshfl/v1/{fleet}/node/{dst}/inbox/{src}   per-edge messages from src to dst
     meshfl/v1/{fleet}/node/{device}/probe      a device's link probe, looped back to itself
     meshfl/v1/{fleet}/control                  coordinator → agents
+    meshfl/v1/{fleet}/node/+/status            (filter) the coordinator watches liveness
 
 Every id is ``[A-Za-z0-9_.-]{1,64}``, so it can never contain the topic separator ``/``
 or the wildcards ``+`` and ``#``: a device may be granted exactly the topics that carry
@@ -32,6 +33,7 @@ __all__ = [
     "inbox_topic",
     "parse_topic",
     "probe_topic",
+    "status_filter",
     "status_topic",
     "validate_id",
 ]
@@ -76,6 +78,15 @@ def delta_topic(fleet: str, device: str) -> str:
 def status_topic(fleet: str, device: str) -> str:
     """Return ``meshfl/v1/{fleet}/node/{device}/status``; raises ConfigError on a bad id."""
     return f"{_node(fleet, device)}/status"
+
+
+def status_filter(fleet: str) -> str:
+    """Return ``meshfl/v1/{fleet}/node/+/status``: every device's status, to subscribe to.
+
+    The coordinator watches this filter to learn of each device's ``online`` or Last Will
+    ``offline`` at once (:mod:`coordinator.presence`). Raises ConfigError on a bad fleet id.
+    """
+    return f"{TOPIC_ROOT}/{validate_id(fleet, 'fleet id')}/node/+/status"
 
 
 def probe_topic(fleet: str, device: str) -> str:

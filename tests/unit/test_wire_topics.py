@@ -12,6 +12,7 @@ from meshfl.wire import (
     delta_topic,
     inbox_topic,
     parse_topic,
+    status_filter,
     status_topic,
     validate_id,
 )
@@ -24,6 +25,9 @@ def test_builders_follow_the_scheme() -> None:
     assert status_topic("lab", "pi-01") == "meshfl/v1/lab/node/pi-01/status"
     assert inbox_topic("lab", "pi-02", "pi-01") == "meshfl/v1/lab/node/pi-02/inbox/pi-01"
     assert control_topic("lab") == "meshfl/v1/lab/control"
+    assert status_filter("lab") == "meshfl/v1/lab/node/+/status"
+    with pytest.raises(ConfigError, match="fleet id"):
+        status_filter("lab/+")
 
 
 @given(fleet=ids, device=ids, peer=ids)
