@@ -28,9 +28,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.mosquitto import MAX_PACKET_BYTES, runtime_lines
+from broker.mosquitto import runtime_lines
 from broker.passwords import validate_username
 from broker.tls import DEFAULT_HOSTS, TlsFiles, write_tls_dir
+from broker.tuning import MosquittoTuning, tuning_lines
 from meshfl.errors import ConfigError
 from meshfl.files import atomic_write
 from meshfl.wire.topics import TOPIC_ROOT, validate_id
@@ -167,11 +168,7 @@ def secure_mosquitto_config(
         "# A device's client id is its username, whatever it sends: no device can take over",
         "# another's session, and the ACL's %u is the device id.",
         "use_username_as_clientid true",
-        f"max_packet_size {MAX_PACKET_BYTES}",
-        "max_inflight_messages 20",
-        "max_queued_messages 1000",
-        f"max_queued_bytes {256 * 1024 * 1024}",
-        "persistent_client_expiration 1h",
+        *tuning_lines(MosquittoTuning()),
         "set_tcp_nodelay true",
         "sys_interval 0",
     ]

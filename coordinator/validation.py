@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from coordinator.planning import custom_graph
 from meshfl.aggregation.privacy import PrivacyOptions
@@ -342,6 +342,10 @@ def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
         raise ConfigError("sketch holds non-finite or absurd values")
     if len(metrics["missing"]) > 100_000:
         raise ConfigError("missing lists more neighbours than any device has")
+    ledger = metrics.get("ledger")
+    if ledger is not None:
+        for field, value in cast(Mapping[str, int], ledger).items():  # every one an int
+            _number(f"ledger.{field}", value, 0, _MAX_COUNT)
 
 
 def validate_done(done: DeviceDone) -> None:

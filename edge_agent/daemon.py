@@ -147,7 +147,7 @@ def _connected(
     log.info("%s: enrolled as %s, connected (%s)", config.name, device_id, transport.protocol)
     transport.publish(status_topic(fleet, device_id), _status("online"), retain=True)
     live = transport  # the health thread and the observer read this transport's state
-    observer.connected(device_id, lambda: live.reconnects)
+    observer.connected(device_id, lambda: live.reconnects, lambda: live.callback_errors)
     health = HealthWriter(config.out, device_id, config.name, lambda: live.connected)
     health.start()
     failed = True

@@ -52,6 +52,7 @@ from edge_agent.inbox import EngineStats, Inbox
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
+from meshfl.contract import RoundLedger
 from meshfl.errors import ConfigError
 from meshfl.planning import quorum_size
 from meshfl.wire import (
@@ -105,7 +106,8 @@ class GossipEngine(Inbox):
     deadline_s
         Seconds a round waits for neighbours after this device published (default 30).
     max_payload
-        Maximum MQTT payload in bytes; messages are chunked under it (default 128 KiB).
+        Maximum MQTT payload in bytes; messages are chunked under it, or under the
+        broker's limit where that is smaller (``Transport.chunk_size``; default 128 KiB).
     mode
         ``"sync"`` (default) or ``"async"`` (see the module docstring).
     staleness
@@ -215,6 +217,8 @@ class GossipEngine(Inbox):
             self._applied.setdefault(peer, set())
             if self._started:
                 self._subscribe(peer)
+        self.ledger.track(fresh)
+        self.ledger.untrack(self.peers - set(peers))
         self.peers = set(peers)
         self.request_keyframes(need)
 
@@ -271,6 +275,8 @@ class GossipEngine(Inbox):
             )
             self._row = dict(weights)
         row = set(self._current_row())
+        if self._round == 0 and round_ > 1:  # a device that starts late (joined, resumed)
+            self.ledger.from_first_seen(self.peers)
         self._round = round_
         self.drain()
         self._publish(round_, x)
@@ -310,6 +316,7 @@ class GossipEngine(Inbox):
         message is then a keyframe so that its neighbours can mix it.
         """
         row = set(self._current_row())
+        self.ledger.from_first_seen(self.peers)  # earlier messages were not for this device
         self.request_keyframes(row)
         self._catching_up = True  # take keyframes of any round now: they set the start
         deadline = self.clock() + timeout_s
@@ -324,6 +331,22 @@ class GossipEngine(Inbox):
         if not have:
             return None
         return max(self._latest_round.get(p, 0) for p in have), self.algorithm.mean_of(have)
+
+    def take_ledger(self, *, final: bool = False) -> RoundLedger:
+        """The delivery ledger since the previous call (:mod:`edge_agent.ledger`).
+
+        ``final``: this device's last round of the job; unrepaired messages become lost.
+        """
+        stats = self.stats
+        counts = {
+            "applied": stats.applied,
+            "stale": stats.stale,
+            "duplicates": self.duplicates,
+            "unsigned": stats.unsigned,
+            "bad_signature": stats.bad_signature,
+            "replayed": stats.replayed,
+        }
+        return self.ledger.take_round(counts, final=final)
 
     def _current_row(self) -> dict[str, float]:
         if self._row is None:
@@ -351,7 +374,9 @@ class GossipEngine(Inbox):
         )
         topic = delta_topic(self.fleet, self.device_id)
         message = encode_envelope(env, self.signer)
-        for chunk in split_message(message, env.message_id, self.max_payload):
+        self.ledger.counts.sent += 1
+        size = self.transport.chunk_size(topic, self.max_payload)  # the broker may allow less
+        for chunk in split_message(message, env.message_id, size):
             self.transport.publish(topic, chunk, qos=1)
 
     def _round_complete(self, round_: int, row: set[str]) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_agent.ledger import DeliveryLedger
 from edge_agent.mailbox import Mailbox
 from edge_agent.signing import RejectLog, Verdict, Verifier
 from meshfl.aggregation import GossipAlgorithm
@@ -103,6 +104,7 @@ class Inbox(Mailbox):
         self.algorithm = algorithm
         super().__init__(clock)
         self.stats = EngineStats()
+        self.ledger = DeliveryLedger(self.peers)  # docs/reliability.md
         self.verifier = verifier
         self._refusals = RejectLog(log, clock=clock)
         self._high_seq: dict[str, int] = {}  # signed job: highest sequence accepted per sender
@@ -160,8 +162,10 @@ class Inbox(Mailbox):
         )
 
     def _handle(self, topic: str, payload: bytes) -> None:
+        kind = None
         try:
             info = parse_topic(topic)
+            kind = info.kind
             if info.kind == "status":
                 self._on_status(info.device, payload)
             elif info.kind == "control":
@@ -171,6 +175,8 @@ class Inbox(Mailbox):
                 if message is not None:
                     self._on_envelope(info.device, decode_envelope_signed(message), topic)
         except MeshflError as exc:
+            if kind == "delta":  # a chunk or envelope that did not decode
+                self.ledger.counts.rejected_malformed += 1
             self._reject(f"dropped a message on {topic}: {exc}")
 
     def _on_control(self, payload: bytes) -> None:
@@ -211,11 +217,13 @@ class Inbox(Mailbox):
         if env.fleet != self.fleet or env.job != self.job_id:
             self.stats.foreign += 1
             return
+        self.ledger.counts.delivered += 1
         verdict = None if self.verifier is None else self.verifier.verify(decoded)
         if verdict is not None:
             self._refuse(verdict, env, topic)
             return
         if env.sender != topic_device or env.sender not in self._applied:
+            self.ledger.counts.rejected_other += 1
             self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
             return
         if self.verifier is not None:
@@ -228,6 +236,8 @@ class Inbox(Mailbox):
             self.stats.duplicates += 1
             return
         seen.add(env.sequence)
+        if env.sender in self.peers:
+            self.ledger.arrived(env.sender, env.sequence)
         if env.round > self._round and not self._catching_up:
             self._held.setdefault(env.round, []).append(env)
         else:
@@ -247,6 +257,7 @@ class Inbox(Mailbox):
         sender = env.sender
         if sender not in self.peers:
             self.stats.foreign += 1  # a former peer of an older topology version
+            self.ledger.counts.rejected_other += 1
             return
         if env.kind == MessageKind.MODEL and env.round < self._latest_round.get(sender, 0):
             self.stats.stale += 1
@@ -260,8 +271,10 @@ class Inbox(Mailbox):
             else:
                 self.algorithm.incoming(sender, env.tensors)
         except MeshflError as exc:
+            self.ledger.counts.rejected_other += 1
             self._reject(f"dropped {sender}'s round {env.round} message: {exc}")
             return
+        self.ledger.applied(sender, env.sequence, full_state=env.kind != MessageKind.DELTA)
         self._last_seq[sender] = env.sequence
         if sender in self._need and env.kind != MessageKind.DELTA:
             self._need.discard(sender)
@@ -278,6 +291,7 @@ class Inbox(Mailbox):
         """Whether a CHOCO difference continues the replica held of ``sender``."""
         if not self.algorithm.has_state(sender):
             self.stats.awaiting_keyframe += 1
+            self.ledger.unusable(sender, sequence)
             self.request_keyframes([sender])
             return False
         last = self._last_seq.get(sender)
@@ -286,6 +300,7 @@ class Inbox(Mailbox):
             log.warning(
                 "gap in %s's messages (%d after %d): asking for a keyframe", sender, sequence, last
             )
+            self.ledger.unusable(sender, sequence)
             self.request_keyframes([sender])
             return False
         return True

@@ -325,6 +325,8 @@ class JobRunner:
                     metrics["rejected_signature"] = now_refused[1] - refused[1]
                     metrics["rejected_replayed"] = now_refused[2] - refused[2]
                     refused = now_refused
+                if isinstance(engine, GossipEngine):  # docs/reliability.md
+                    metrics["ledger"] = engine.take_ledger(final=round_ >= spec["rounds"])
                 reporter.post_metrics(metrics)
                 self._observe(metrics, engine)
                 log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)

@@ -100,8 +100,17 @@ def engine_counts(stats: object) -> tuple[int, dict[str, int], dict[str, int]]:
 class AgentObserver(Protocol):
     """Receives the agent's events (see the module docstring); must never raise."""
 
-    def connected(self, device: str, reconnects: Callable[[], int]) -> None:
-        """The agent enrolled as ``device`` and connected; ``reconnects()`` reads the count."""
+    def connected(
+        self,
+        device: str,
+        reconnects: Callable[[], int],
+        callback_errors: Callable[[], int] | None = None,
+    ) -> None:
+        """The agent enrolled as ``device`` and connected.
+
+        ``reconnects()`` and ``callback_errors()`` read the transport's reconnect count and
+        its contained callback exceptions; ``callback_errors`` None: not known.
+        """
 
     def job_started(self, job: str, queue_depth: Callable[[], int]) -> None:
         """A job's engine started; ``queue_depth()`` reads the messages waiting in it."""
@@ -116,7 +125,12 @@ class AgentObserver(Protocol):
 class NullObserver:
     """An :class:`AgentObserver` that ignores everything (metrics off, the default)."""
 
-    def connected(self, device: str, reconnects: Callable[[], int]) -> None:
+    def connected(
+        self,
+        device: str,
+        reconnects: Callable[[], int],
+        callback_errors: Callable[[], int] | None = None,
+    ) -> None:
         """Ignore the connection."""
 
     def job_started(self, job: str, queue_depth: Callable[[], int]) -> None:

@@ -182,7 +182,7 @@ class SecureEngine(Mailbox):
     deadline_s
         Seconds the aggregator waits for masked inputs; unmasking gets as long again.
     max_payload
-        Chunk size limit of an MQTT payload (bytes).
+        Chunk size limit of an MQTT payload (bytes); the broker's limit where smaller.
     rng
         Stochastic rounding and DP noise (masks and self-mask seeds use OS entropy).
     signer, verifier
@@ -473,7 +473,8 @@ class SecureEngine(Mailbox):
         )
         topic = inbox_topic(self.fleet, dst, self.device_id)
         message = encode_envelope(env, self.signer)
-        for chunk in split_message(message, env.message_id, self.max_payload):
+        size = self.transport.chunk_size(topic, self.max_payload)  # the broker may allow less
+        for chunk in split_message(message, env.message_id, size):
             self.transport.publish(topic, chunk, qos=1)
 
     def _send_body(self, dst: str, round_: int, body: Mapping[str, Any]) -> None:

@@ -17,6 +17,8 @@ the library's global one); :meth:`AgentTelemetry.serve` exposes it over HTTP
   (:data:`~edge_agent.observer.REJECT_REASONS`);
 - ``meshfl_agent_epsilon_spent{device, job}`` (gauge): ε this DP job spent on the device;
 - ``meshfl_agent_reconnects_total{device}`` (counter): broker connections regained;
+- ``meshfl_agent_callback_errors_total{device}`` (counter): exceptions raised in MQTT
+  callbacks or the message handler, logged and contained (the network loop carried on);
 - ``meshfl_agent_queue_depth{device}`` (gauge): received messages waiting in the running
   job's mailbox (0 between jobs), read at scrape time.
 
@@ -96,6 +98,7 @@ class AgentTelemetry:
             "meshfl_agent_epsilon_spent", "ε the DP job spent on this device.", per_job, registry=r
         )
         self._reconnects: Callable[[], int] | None = None
+        self._callback_errors: Callable[[], int] | None = None
         self._queue_depth: Callable[[], int] | None = None
         self._seen: dict[str, RoundSample] = {}  # each job's previous sample
         self._lock = threading.Lock()
@@ -104,9 +107,15 @@ class AgentTelemetry:
 
     # AgentObserver ------------------------------------------------------------------------
 
-    def connected(self, device: str, reconnects: Callable[[], int]) -> None:
-        """Label everything with ``device`` from now on; read reconnects at scrape time."""
+    def connected(
+        self,
+        device: str,
+        reconnects: Callable[[], int],
+        callback_errors: Callable[[], int] | None = None,
+    ) -> None:
+        """Label everything with ``device`` from now on; read the counts at scrape time."""
         self.device, self._reconnects = device, reconnects
+        self._callback_errors = callback_errors
 
     def job_started(self, job: str, queue_depth: Callable[[], int]) -> None:
         """Read the job's mailbox depth at scrape time until :meth:`job_finished`."""
@@ -188,6 +197,12 @@ class _LiveCollector(Collector):
             labels=["device"],
         )
         reconnects.add_metric([t.device], t._reconnects() if t._reconnects else 0)
+        errors = CounterMetricFamily(
+            "meshfl_agent_callback_errors",
+            "Exceptions in MQTT callbacks or the message handler, logged and contained.",
+            labels=["device"],
+        )
+        errors.add_metric([t.device], t._callback_errors() if t._callback_errors else 0)
         depth = GaugeMetricFamily(
             "meshfl_agent_queue_depth",
             "Received messages waiting in the running job's mailbox.",
@@ -195,4 +210,5 @@ class _LiveCollector(Collector):
         )
         depth.add_metric([t.device], t._queue_depth() if t._queue_depth else 0)
         yield reconnects
+        yield errors
         yield depth

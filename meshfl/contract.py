@@ -35,6 +35,7 @@ GET      /jobs/{job_id}/reports                      admin    → list[DeviceRou
 GET      /jobs/{job_id}/devices                      admin    → list[JobDeviceMetrics]
 GET      /jobs/{job_id}/devices/{device_id}/metrics  admin    → list[DeviceRoundMetrics]
 GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
+GET      /jobs/{job_id}/ledger                       admin    → JobLedger
 POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
 POST     /jobs/{job_id}/done                         device   DeviceDone → 204
 POST     /jobs/{job_id}/decline                      device   DeviceDecline → 204
@@ -137,16 +138,21 @@ __all__ = [
     "JobArtifacts",
     "JobDeviceMetrics",
     "JobDevicePublic",
+    "JobLedger",
     "JobPublic",
     "JobSpec",
     "JobStatus",
     "KeyBundle",
+    "LedgerRoundTotals",
+    "LedgerRow",
+    "LedgerTotals",
     "ModelArtifact",
     "ModelSpec",
     "Neighbour",
     "PrivacySpend",
     "PrivacyStatus",
     "ProfileSample",
+    "RoundLedger",
     "RoundMetrics",
     "RoundSummary",
     "SecAggDirectory",
@@ -539,6 +545,34 @@ class RoundMetrics(TypedDict):
     rejected_unsigned: NotRequired[int]
     rejected_signature: NotRequired[int]
     rejected_replayed: NotRequired[int]
+    # Issue 7: the round's delivery ledger (agents before it send none).
+    ledger: NotRequired[RoundLedger]
+
+
+class RoundLedger(TypedDict):
+    """One device's delivery ledger for one round (docs/reliability.md defines each count).
+
+    Counts of gossip envelopes since the device's previous report, except
+    ``duplicates`` (repeated chunks and repeated envelopes dropped) and ``unrepaired``
+    (a gauge: messages awaiting repair at the end of the round).
+    """
+
+    sent: int  # envelopes this device published
+    delivered: int  # envelopes of this job that reached it and decoded
+    applied: int  # envelopes applied to a replica (exactly once by (sender, sequence))
+    duplicates: int
+    rejected_malformed: int  # delta-topic payloads that did not decode (CRC, truncated)
+    rejected_signature: int
+    rejected_unsigned: int
+    rejected_replayed: int
+    rejected_stale: int  # a D-PSGD model older than the one held
+    rejected_other: int  # misrouted, from a former peer, or not fitting the model
+    missing: int  # sequence numbers skipped: a later one of the same sender came first
+    awaiting_keyframe: int  # arrived, but the sender's replica needs a keyframe first
+    recovered_by_keyframe: int  # missing or awaiting messages repaired by a full state
+    lost: int  # missing or awaiting messages given up on (last round, or peer dropped)
+    unrepaired: int
+    applied_twice: int  # (sender, sequence) pairs applied again: 0 unless a bug
 
 
 class DeviceDone(TypedDict):
@@ -623,6 +657,105 @@ class RoundSummary(TypedDict):
     elapsed_s: float  # since the job started, by the coordinator's clock
     devices_reporting: int
     missing_devices: list[str]
+
+
+class LedgerRoundTotals(TypedDict):
+    """A round's delivery ledger summed over the devices that reported one.
+
+    The fields of :class:`RoundLedger` (``unrepaired`` summed too), plus ``rejected``
+    (the six ``rejected_*`` counts summed) and ``devices_reporting``.
+    """
+
+    round: int
+    devices_reporting: int
+    sent: int
+    delivered: int
+    applied: int
+    duplicates: int
+    rejected: int
+    rejected_malformed: int
+    rejected_signature: int
+    rejected_unsigned: int
+    rejected_replayed: int
+    rejected_stale: int
+    rejected_other: int
+    missing: int
+    awaiting_keyframe: int
+    recovered_by_keyframe: int
+    lost: int
+    unrepaired: int
+    applied_twice: int
+
+
+class LedgerRow(TypedDict):
+    """One device's delivery ledger for one round, as it reported it (plus ``rejected``)."""
+
+    device_id: str
+    name: str
+    round: int
+    sent: int
+    delivered: int
+    applied: int
+    duplicates: int
+    rejected: int
+    rejected_malformed: int
+    rejected_signature: int
+    rejected_unsigned: int
+    rejected_replayed: int
+    rejected_stale: int
+    rejected_other: int
+    missing: int
+    awaiting_keyframe: int
+    recovered_by_keyframe: int
+    lost: int
+    unrepaired: int
+    applied_twice: int
+
+
+class LedgerTotals(TypedDict):
+    """A job's delivery ledger over the whole run (docs/reliability.md).
+
+    Sums of every reported round, except: ``unrepaired`` sums each device's latest
+    report; ``unrecovered_losses`` = ``lost`` + ``unrepaired``. ``applied_twice`` is
+    measured by each device (an independent ``(sender, sequence)`` set; 0 unless a
+    bug); ``corrupted_applied`` is 0 by construction: an envelope exists only after its
+    CRC-32 (and, in a signed job, its Ed25519 signature) checked out, and what failed
+    is counted in ``rejected_malformed`` / ``rejected_signature``.
+    """
+
+    devices_reporting: int
+    rounds_reported: int
+    sent: int
+    delivered: int
+    applied: int
+    duplicates: int
+    rejected: int
+    rejected_malformed: int
+    rejected_signature: int
+    rejected_unsigned: int
+    rejected_replayed: int
+    rejected_stale: int
+    rejected_other: int
+    missing: int
+    awaiting_keyframe: int
+    recovered_by_keyframe: int
+    lost: int
+    unrepaired: int
+    unrecovered_losses: int
+    applied_twice: int
+    corrupted_applied: int
+
+
+class JobLedger(TypedDict):
+    """``GET /jobs/{id}/ledger``: per device and round, per-round totals, run totals.
+
+    Only round reports that carry a ledger count (agents before issue 7 send none).
+    """
+
+    job_id: str
+    rows: list[LedgerRow]  # by round, then device index
+    rounds: list[LedgerRoundTotals]  # by round
+    totals: LedgerTotals
 
 
 class JobDevicePublic(TypedDict):
@@ -875,6 +1008,7 @@ _REQUEST_BODIES = frozenset(
         "KeyBundle",
         "ModelSpec",
         "PrivacySpend",
+        "RoundLedger",
         "RoundMetrics",
         "TopologySetting",
     }

@@ -1,10 +1,10 @@
 """The dashboard's snapshot: the fleet and one job, as one JSON document.
 
 Built from the store with the functions the REST API uses (:mod:`coordinator.reports`,
-:mod:`coordinator.fleet`, :mod:`coordinator.budget`), so the page shows what ``GET
-/api/v1/devices``, ``/jobs/{id}/rounds``, ``/jobs/{id}/devices`` and
-``/jobs/{id}/topology`` answer; nothing is derived twice. The layout is the dashboard
-contract's (docs/dashboard.md)::
+:mod:`coordinator.fleet`, :mod:`coordinator.budget`, :mod:`coordinator.ledger`), so the
+page shows what ``GET /api/v1/devices``, ``/jobs/{id}/rounds``, ``/jobs/{id}/devices``,
+``/jobs/{id}/topology`` and ``/jobs/{id}/ledger`` answer; nothing is derived twice. The
+layout is the dashboard contract's (docs/dashboard.md)::
 
     {"generated_at", "fleet", "devices": [...], "devices_total", "jobs": [...], "job"}
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from coordinator import budget, fleet, reports, store
+from coordinator import budget, fleet, ledger, reports, store
 from coordinator.db import Device, Job
 from coordinator.presence import Presence
 from coordinator.settings import CoordinatorSettings
@@ -90,9 +90,9 @@ def _job_view(session: Session, job: Job) -> tuple[dict[str, Any], dict[str, Job
     ids = [r.device_id for r in rows]
     metrics = store.round_metrics(session, job)
     epsilon = budget.job_epsilons(session, job, ids)
-    per_device = reports.job_device_metrics(
-        rows, store.device_names(session, ids), metrics, epsilon
-    )
+    names = store.device_names(session, ids)
+    per_device = reports.job_device_metrics(rows, names, metrics, epsilon)
+    delivery = ledger.job_ledger(job.id, rows, metrics, names)["rounds"]
     curves = [
         {
             "round": s["round"],
@@ -113,7 +113,7 @@ def _job_view(session: Session, job: Job) -> tuple[dict[str, Any], dict[str, Job
         "curves": curves,
         "topology": _topology(job),
         "accuracy_by_device": {m["device_id"]: m["latest_accuracy"] for m in per_device},
-        "ledger": None,  # the per-round delivery ledger, once the coordinator keeps one
+        "ledger": delivery or None,  # per-round totals of GET /jobs/{id}/ledger
     }
     return view, {m["device_id"]: m for m in per_device}
 

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
-from coordinator import budget, fleet_topology, lifecycle, reports, store, validation
+from coordinator import budget, fleet_topology, ledger, lifecycle, reports, store, validation
 from coordinator.control import Control
 from coordinator.db import Job
 from coordinator.deps import (
@@ -29,6 +29,7 @@ from meshfl.contract import (
     DeviceRoundMetrics,
     DeviceRoundReport,
     JobDeviceMetrics,
+    JobLedger,
     JobPublic,
     JobSpec,
     RoundMetrics,
@@ -211,6 +212,20 @@ def get_reports(job_id: str, _: ReadDep, session: SessionDep) -> list[DeviceRoun
     """Every stored per-device round report, in arrival order (for time-based views)."""
     job = store.get_job(session, job_id)
     return reports.device_reports(job, store.round_metrics(session, job))
+
+
+@router.get("/{job_id}/ledger", response_model=JobLedger)
+def get_ledger(job_id: str, _: ReadDep, session: SessionDep) -> JobLedger:
+    """The job's delivery ledger: per device and round, per-round totals, run totals.
+
+    Built from the ledgers the devices report with their round metrics (agents before
+    issue 7 report none: their rounds are left out). docs/reliability.md defines each
+    count; ``totals.unrecovered_losses`` is what the run lost for good.
+    """
+    job = store.get_job(session, job_id)
+    rows = store.participants(session, job)
+    names = store.device_names(session, [r.device_id for r in rows])
+    return ledger.job_ledger(job.id, rows, store.round_metrics(session, job), names)
 
 
 @router.get("/{job_id}/topology", response_model=TopologyPublic)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 __all__ = ["Handler", "Message", "Transport"]
 
 Handler = Callable[[str, bytes], None]
-"""A message handler: ``handler(topic, payload)``; its exceptions are logged, not raised."""
+"""A message handler: ``handler(topic, payload)``; its exceptions are logged and counted."""
 
 log = logging.getLogger("meshfl.transport")
 
@@ -63,6 +63,7 @@ class Transport(ABC):
         self._handler: Handler | None = None
         self._bytes_sent = 0
         self._bytes_received = 0
+        self._callback_errors = 0
 
     @abstractmethod
     def connect(self, client_id: str, will: Message | None = None) -> None:
@@ -147,8 +148,43 @@ class Transport(ABC):
         """Payload bytes delivered to the handler so far."""
         return self._bytes_received
 
+    @property
+    def callback_errors(self) -> int:
+        """Exceptions raised by the message handler or the transport's own callbacks.
+
+        Each was logged (with its traceback) and contained: the network loop carried on.
+        """
+        return self._callback_errors
+
+    def payload_limit(self, topic: str) -> int | None:
+        """Largest payload in bytes the broker accepts on ``topic``; None: no limit known.
+
+        An MQTT 5 broker announces its Maximum Packet Size in CONNACK; the limit is that
+        minus the PUBLISH header for ``topic``. Implementations without limits return None.
+        """
+        return None
+
+    def chunk_size(self, topic: str, configured: int) -> int:
+        """Return the chunk size to use on ``topic``: ``min(configured, payload_limit(topic))``.
+
+        Parameters
+        ----------
+        topic : str
+            The topic the chunks go to (its length counts against the broker's limit).
+        configured : int
+            The job's ``max_payload_bytes``, bytes.
+
+        Returns
+        -------
+        int
+            Bytes per chunk, header and CRC included.
+
+        """
+        limit = self.payload_limit(topic)
+        return configured if limit is None else min(configured, limit)
+
     def _deliver(self, topic: str, payload: bytes) -> None:
-        """Count and hand one message to the handler; a handler exception is logged only."""
+        """Count and hand one message to the handler; a handler exception is logged and counted."""
         self._bytes_received += len(payload)
         handler = self._handler
         if handler is None:
@@ -156,4 +192,5 @@ class Transport(ABC):
         try:
             handler(topic, payload)
         except Exception:
+            self._callback_errors += 1
             log.exception("message handler failed on topic %s; message dropped", topic)

@@ -9,10 +9,16 @@ Connection policy (see ``docs/brokers.md``):
   MQTT 3.1.1 ``clean_session=False``. QoS 1 messages published while we are away are
   delivered after we reconnect with the same client id.
 - Last Will: published retained by the broker when the connection dies uncleanly.
-- Reconnect: paho's network thread (``loop_start``) retries with exponential backoff from
-  ``reconnect_min_s`` (jittered ×0.5–1.5 per client, so a fleet does not reconnect in
-  lock step) to ``reconnect_max_s``; subscriptions are re-sent when the broker did not
-  resume the session.
+- Reconnect: paho's network thread (``loop_start``) retries after delays drawn by
+  :class:`~edge_agent.transport.backoff.Backoff` (exponential from ``reconnect_min_s`` to
+  ``reconnect_max_s``, each jittered, so a fleet does not reconnect in lock step);
+  subscriptions are re-sent when the broker did not resume the session.
+- Broker limits (MQTT 5 CONNACK, :mod:`edge_agent.transport.limits`): the in-flight window
+  is ``min(20, Receive Maximum)``; :meth:`MqttTransport.payload_limit` is the Maximum Packet
+  Size less the PUBLISH header, engines chunk under it, and a larger publish is refused
+  with :class:`~meshfl.errors.TransportError` (paho would re-send it after every reconnect).
+- Callbacks: an exception in any paho callback (ours or the message handler) is logged
+  with its traceback and counted in ``callback_errors``; paho's network loop carries on.
 - TLS: ``mqtts://host:8883`` connects over TLS 1.2+ and checks the broker's certificate
   against ``ca_file`` (the CA given at enrolment, or ``--broker-ca``); ``username`` and
   ``password`` are the device's broker login (its username is also its client id).
@@ -28,12 +34,13 @@ Connection policy (see ``docs/brokers.md``):
 from __future__ import annotations
 
 import contextlib
-import random
+import functools
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
@@ -42,7 +49,9 @@ from paho.mqtt.properties import Properties
 
 from edge_agent.transport._probe import probe_protocol
 from edge_agent.transport.address import parse_broker_address, tls_context
+from edge_agent.transport.backoff import Backoff
 from edge_agent.transport.base import Message, Transport, log
+from edge_agent.transport.limits import BrokerLimits, inflight_cap, payload_limit
 from edge_agent.transport.refusals import (
     BAD_LOGIN,
     Reason,
@@ -56,6 +65,7 @@ from meshfl.errors import BrokerUnreachable, ConfigError, MeshflError, Transport
 __all__ = ["MqttTransport", "parse_broker_url"]
 
 _MAX_INFLIGHT = 20  # QoS 1 messages awaiting PUBACK; more are queued in paho, unbounded
+_Callback = TypeVar("_Callback", bound=Callable[..., Any])
 
 LOGIN_RETRY_S = 1.0
 """Seconds before the one retry of a refused first login (see :meth:`MqttTransport.connect`)."""
@@ -83,6 +93,18 @@ def _no_delay(client: paho.Client) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def _set_inflight(client: paho.Client, cap: int) -> None:
+    """Set paho's QoS 1 in-flight window to ``cap`` (> 0) from ``on_connect``.
+
+    paho's public setter refuses any change once the socket is open, and the broker's
+    Receive Maximum is only known from its CONNACK, so this writes the attribute the setter
+    guards. It is safe there: paho re-sends unacknowledged messages only after
+    ``on_connect`` returns, and its own worry (a change between 0, "unlimited", and a
+    positive window) cannot arise since ``cap`` is always positive.
+    """
+    client._max_inflight_messages = max(1, cap)
+
+
 def _error_text(rc: MQTTErrorCode | int) -> str:
     return str(paho.error_string(rc))
 
@@ -102,7 +124,8 @@ class MqttTransport(Transport):
     connect_timeout_s : float, default 10.0
         Seconds :meth:`connect` waits for the first CONNACK.
     reconnect_min_s, reconnect_max_s : float, default 0.5 and 30.0
-        Reconnect backoff bounds in seconds; the delay doubles after each failed try.
+        Reconnect backoff bounds in seconds: the delay's ceiling doubles after each failed
+        try, and each delay is drawn in [ceiling/2, ceiling] (:class:`Backoff`).
     username, password : str or None
         The broker login (from enrolment); None connects without one.
     ca_file : str, Path or None
@@ -113,7 +136,8 @@ class MqttTransport(Transport):
     ------
     ConfigError
         ``url`` is not a broker URL, ``ca_file`` is given without ``mqtts://`` or cannot
-        be loaded, or a password is given without a username.
+        be loaded, a password is given without a username, or the reconnect bounds are
+        not ``0 < min <= max``.
 
     """
 
@@ -147,8 +171,10 @@ class MqttTransport(Transport):
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_min_s = reconnect_min_s
         self.reconnect_max_s = reconnect_max_s
-        self.broker_limits: dict[str, int] = {}
-        """MQTT 5 CONNACK limits (e.g. ``MaximumPacketSize`` in bytes); empty on 3.1.1."""
+        self.backoff = Backoff(reconnect_min_s, reconnect_max_s)
+        """The reconnect schedule; replace it (e.g. with a seeded RNG) before :meth:`connect`."""
+        self.limits = BrokerLimits()
+        """The limits of the last MQTT 5 CONNACK; all None on 3.1.1 and before connecting."""
         self._client: paho.Client | None = None
         self._protocol = ""
         self._lock = threading.Lock()
@@ -222,18 +248,20 @@ class MqttTransport(Transport):
         client.connect_timeout = self.connect_timeout_s
         client.max_inflight_messages_set(_MAX_INFLIGHT)
         client.max_queued_messages_set(0)
-        jitter = random.uniform(0.5, 1.5)
-        client.reconnect_delay_set(
-            min_delay=self.reconnect_min_s * jitter,  # type: ignore[arg-type]  # floats work
-            max_delay=self.reconnect_max_s,  # type: ignore[arg-type]
+        self.backoff.reset()
+        client.reconnect_delay_set(  # replaced before each wait by _schedule_reconnect
+            self.reconnect_min_s,  # type: ignore[arg-type]  # floats work
+            self.reconnect_max_s,  # type: ignore[arg-type]
         )
         if will is not None:
             client.will_set(will.topic, will.payload, will.qos, retain=True)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        client.on_publish = self._on_publish
-        client.on_subscribe = self._on_subscribe
+        client.suppress_exceptions = True  # paho's own net; ours below also counts and logs
+        client.on_connect = self._contained(self._on_connect)
+        client.on_connect_fail = self._contained(self._on_connect_fail)
+        client.on_disconnect = self._contained(self._on_disconnect)
+        client.on_message = self._contained(self._on_message)
+        client.on_publish = self._contained(self._on_publish)
+        client.on_subscribe = self._contained(self._on_subscribe)
         self._first_result.clear()
         self._first_error = None
         self._initial_subscriptions = {}
@@ -310,11 +338,20 @@ class MqttTransport(Transport):
         Raises
         ------
         TransportError
-            Not connected yet, an invalid topic, or paho refused the message.
+            Not connected yet, an invalid topic, a payload over :meth:`payload_limit`
+            (sent, the broker would disconnect us and paho re-send it forever), or paho
+            refused the message.
 
         """
         client = self._require_client(f"publish to {topic}")
         self._raise_refusals()
+        limit = self.payload_limit(topic)
+        if limit is not None and len(payload) > limit:
+            raise TransportError(
+                f"cannot publish {len(payload)} bytes to {topic}: the broker at {self._where}"
+                f" accepts packets of at most {self.limits.max_packet_bytes} bytes ({limit} of"
+                " payload on this topic); chunk it (max_payload_bytes)"
+            )
         try:
             info = client.publish(topic, payload, qos=qos, retain=retain)
         except ValueError as exc:
@@ -408,6 +445,34 @@ class MqttTransport(Transport):
 
     # -- paho callbacks (network thread) ------------------------------------------------------
 
+    def _contained(self, callback: _Callback) -> _Callback:
+        """Wrap a paho callback: an exception is logged and counted, never raised into paho.
+
+        paho re-raises a callback's exception out of its network loop unless
+        ``suppress_exceptions`` is set, which ends the thread: no more deliveries, no
+        reconnects.
+        """
+
+        @functools.wraps(callback)
+        def contained(*args: Any) -> None:
+            try:
+                callback(*args)
+            except Exception:
+                self._callback_errors += 1
+                log.exception("MQTT callback %s failed; the network loop carries on", callback)
+
+        return contained  # type: ignore[return-value]
+
+    def _schedule_reconnect(self, client: paho.Client) -> float:
+        """Set paho's next reconnect wait to one jittered delay from :attr:`backoff`."""
+        delay = self.backoff.next_delay()
+        client.reconnect_delay_set(delay, delay)  # type: ignore[arg-type]  # floats work
+        return delay
+
+    def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
+        delay = self._schedule_reconnect(client)
+        log.debug("cannot reach %s; next try in %.2f s", self._where, delay)
+
     def _on_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
     ) -> None:
@@ -423,10 +488,10 @@ class MqttTransport(Transport):
                 self._first_error = error
                 self._first_result.set()
             return
-        if properties is not None and self._protocol == "MQTTv5":
-            for name in ("MaximumPacketSize", "ReceiveMaximum", "TopicAliasMaximum"):
-                if hasattr(properties, name):
-                    self.broker_limits[name] = int(getattr(properties, name))
+        self.backoff.reset()
+        v5 = self._protocol == "MQTTv5"
+        self.limits = BrokerLimits.from_properties(properties if v5 else None)
+        _set_inflight(client, inflight_cap(_MAX_INFLIGHT, self.limits))
         resumed = bool(flags.session_present)
         if self._ever_connected:
             self._reconnects += 1
@@ -456,8 +521,11 @@ class MqttTransport(Transport):
         was_connected, self._connected = self._connected, False
         if self._closing:
             return
+        delay = self._schedule_reconnect(client)
         if was_connected:
-            log.warning("lost connection to %s (%s); reconnecting", self._where, reason)
+            log.warning(
+                "lost connection to %s (%s); reconnecting in %.2f s", self._where, reason, delay
+            )
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         self._deliver(message.topic, bytes(message.payload))
@@ -499,3 +567,20 @@ class MqttTransport(Transport):
     def reconnects(self) -> int:
         """Successful reconnections after the first connection."""
         return self._reconnects
+
+    @property
+    def broker_limits(self) -> dict[str, int]:
+        """The CONNACK limits by MQTT property name (``MaximumPacketSize``, ...); {} on 3.1.1."""
+        return self.limits.as_dict()
+
+    @property
+    def max_inflight(self) -> int:
+        """QoS 1 publishes sent before waiting for PUBACKs: ``min(20, Receive Maximum)``."""
+        client = self._client
+        if client is None:
+            return inflight_cap(_MAX_INFLIGHT, self.limits)
+        return int(client.max_inflight_messages)
+
+    def payload_limit(self, topic: str) -> int | None:
+        """Largest payload in bytes the broker accepts on ``topic`` (None: no limit announced)."""
+        return payload_limit(self.limits, topic)

@@ -125,6 +125,15 @@ def local(
             metavar="DEVICE@ROUND", help="SIGKILL that agent after ROUND (repeatable; 2@8)."
         ),
     ] = None,
+    chaos: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="SPEC",
+            help="Inject faults between every agent and the broker (repeatable), e.g."
+            " drop=0.1,dup=0.1,reorder=0.05,corrupt=0.01,delay=50,seed=1 or"
+            " partition=device-2@5:40 (docs/reliability.md).",
+        ),
+    ] = None,
     model: ModelOption = DEFAULTS.model,
     model_kwargs: ModelKwargsOption = None,
     hidden: HiddenOption = None,
@@ -215,6 +224,7 @@ def local(
         links=tuple(parse_link_option(s) for s in link or ()),
         join_at=tuple(join_at or ()),
         kill=tuple(parse_kill(s) for s in kill or ()),
+        chaos=",".join(chaos or ()),
         model=model,
         hidden=_tuple(parse_hidden(hidden)),
         image_shape=_tuple(parse_image_shape(image_shape)),
@@ -290,6 +300,17 @@ def _summary(console: Any, result: LocalRun, total_s: float, dp_delta: float) ->
     ]
     for d in missing:
         console.print(f"[yellow]{d['name']} missed rounds {_ranges(d['missing_rounds'])}[/]")
+    if result.report.get("chaos"):
+        from meshfl.local.chaos import chaos_line
+
+        console.print(
+            chaos_line(result.report["chaos"]), markup=False, highlight=False, soft_wrap=True
+        )
+    ledger = result.report.get("ledger")
+    if ledger is not None:
+        from meshfl.local.report import ledger_line
+
+        console.print(ledger_line(ledger), markup=False, highlight=False, soft_wrap=True)
     spent = [d["epsilon_spent"] for d in result.report["devices"] if d.get("epsilon_spent")]
     if spent:
         console.print(

@@ -15,6 +15,7 @@ from meshfl.contract import (
     DeviceRoundMetrics,
     DeviceRoundReport,
     JobArtifacts,
+    JobLedger,
     JobPublic,
     JobSpec,
     RoundSummary,
@@ -136,6 +137,10 @@ class AdminClient:
             out += page
             if len(page) < 1000:
                 return out
+
+    def ledger(self, job_id: str) -> JobLedger:
+        """The job's delivery ledger (docs/reliability.md)."""
+        return cast(JobLedger, self._call("GET", f"/jobs/{path_segment(job_id)}/ledger"))
 
     def topology(self, job_id: str) -> dict[str, Any]:
         """The job's graph, mixing matrix and spectral gap."""

@@ -10,13 +10,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshfl.contract import DeviceRoundReport, JobPublic, RoundSummary
+from meshfl.contract import DeviceRoundReport, JobLedger, JobPublic, RoundSummary
 
 if TYPE_CHECKING:
     from meshfl.local.run import LocalConfig
     from meshfl.local.shaping import ShapingProxy
 
-__all__ = ["TARGETS", "build_report", "live_time_to_accuracy", "write_report"]
+__all__ = [
+    "TARGETS",
+    "build_report",
+    "ledger_line",
+    "ledger_section",
+    "live_time_to_accuracy",
+    "write_report",
+]
 
 _MEASURED = ("train_samples_per_s", "broker_rtt_s", "uplink_bytes_per_s", "downlink_bytes_per_s")
 
@@ -127,6 +134,38 @@ def build_report(
         ],
         "dashboard_url": dashboard_url,
     }
+
+
+_LEDGER_ROUND = ("round", "devices_reporting", "sent", "delivered", "applied", "duplicates",
+                 "rejected", "missing", "awaiting_keyframe", "recovered_by_keyframe", "lost",
+                 "unrepaired", "applied_twice")  # fmt: skip
+
+
+def ledger_section(ledger: JobLedger) -> dict[str, Any]:
+    """The report's ``ledger`` section: the run's totals and each round's totals.
+
+    ``ledger`` is ``GET /jobs/{id}/ledger``'s answer; its per-device rows stay at the
+    coordinator. docs/reliability.md defines the fields.
+    """
+    return {
+        "totals": dict(ledger["totals"]),
+        "rounds": [{k: dict(r)[k] for k in _LEDGER_ROUND} for r in ledger["rounds"]],
+    }
+
+
+def ledger_line(section: dict[str, Any]) -> str:
+    """The one-line summary ``meshfl local`` prints of a report's ``ledger`` section."""
+    if "error" in section:
+        return f"ledger: not available ({section['error']})"
+    t = section["totals"]
+    if not t["devices_reporting"]:
+        return "ledger: no device reported one"
+    return (
+        f"ledger: {t['sent']} sent, {t['applied']} applied, {t['applied_twice']} applied"
+        f" twice, {t['duplicates']} duplicates dropped, {t['rejected']} rejected,"
+        f" {t['recovered_by_keyframe']} recovered by keyframe,"
+        f" {t['unrecovered_losses']} lost"
+    )
 
 
 def _device_round(r: DeviceRoundReport, names: Mapping[str, str]) -> dict[str, Any]:

@@ -22,11 +22,12 @@ import numpy as np
 from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient
+from meshfl.local.chaos import ChaosFleet
 from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
-from meshfl.local.report import build_report, write_report
+from meshfl.local.report import build_report, ledger_section, write_report
 from meshfl.local.secure_broker import (
     SECURITY_LINE,
     SecureBroker,
@@ -50,10 +51,12 @@ class LocalConfig:
     ``join_at``). The per-device fields (:mod:`meshfl.local.fleet`) name devices
     ``"device-3"`` (or ``"3"``): ``slow`` ``(device, factor ≥ 1)`` pairs, ``links``
     ``(device, "RATE[:LATENCY]")`` pairs, ``join_at`` the rounds after which one more
-    agent starts, ``kill`` ``(device, round)`` pairs. The model (``docs/models.md``):
-    ``model`` a zoo name or ``package.module:callable``, ``hidden`` None for the model's
-    default (W1: mlp [64]), ``image_shape`` ``(C, H, W)`` for 2-D models (None: square),
-    ``model_kwargs`` a user model's keyword arguments. ``secure`` runs the fleet on its
+    agent starts, ``kill`` ``(device, round)`` pairs; ``chaos`` a fault-injection SPEC
+    for every agent's link (:mod:`meshfl.local.chaos`; empty: none). The model
+    (``docs/models.md``): ``model`` a zoo name or ``package.module:callable``,
+    ``hidden`` None for the model's default (W1: mlp [64]), ``image_shape``
+    ``(C, H, W)`` for 2-D models (None: square), ``model_kwargs`` a user model's keyword
+    arguments. ``secure`` runs the fleet on its
     own Mosquitto with TLS, per-device logins and an ACL (not with ``broker`` or
     ``links``; :mod:`meshfl.local.secure_broker`). ``dashboard`` prints a read-only login
     link to the coordinator's web dashboard and keeps the servers up
@@ -99,6 +102,7 @@ class LocalConfig:
     links: tuple[tuple[str, str], ...] = ()
     join_at: tuple[int, ...] = ()
     kill: tuple[tuple[str, int], ...] = ()
+    chaos: str = ""
     model: str = "mlp"
     hidden: tuple[int, ...] | None = None
     image_shape: tuple[int, ...] | None = None
@@ -194,6 +198,7 @@ def run_local(
     say = notify or (lambda line: None)
     admin: AdminClient | None = None
     proxies: dict[str, ShapingProxy] = {}
+    chaos: ChaosFleet | None = None
     secure: SecureBroker | None = None
     try:
         if config.secure:
@@ -203,6 +208,9 @@ def run_local(
         else:
             broker_url = config.broker or _start_broker(supervisor)
         proxies = start_links(config, broker_url)
+        if config.chaos:
+            chaos = ChaosFleet.start(config, broker_url, proxies)
+            hooks.on_round = chaos.wrap(hooks.on_round, say)
         enrol_token = secrets.token_urlsafe(16)
         url, admin = _start_coordinator(
             supervisor, out, broker_url, enrol_token,
@@ -215,7 +223,10 @@ def run_local(
 
         def start_agent(name: str) -> Child:
             proxy = proxies.get(name)
-            broker = [] if proxy is None else ["--broker", f"mqtt://127.0.0.1:{proxy.port}"]
+            port = None if proxy is None else proxy.port
+            if chaos is not None:  # in front of the shaping proxy, if any
+                port = chaos.port(name)
+            broker = [] if port is None else ["--broker", f"mqtt://127.0.0.1:{port}"]
             slowdown = [] if name not in slow else ["--slowdown", repr(slow[name])]
             return supervisor.start(
                 name,
@@ -259,6 +270,8 @@ def run_local(
             device_reports=admin.reports(job["job_id"]), dashboard_url=dashboard,
         )  # fmt: skip
         report["security"] = _security_section(admin, final_job, spec, secure)
+        report["chaos"] = None if chaos is None else chaos.report()
+        report["ledger"] = _ledger(admin, job["job_id"])
         say("job ended; fetching the consensus model and checking the ONNX exports")
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
@@ -277,6 +290,8 @@ def run_local(
         supervisor.stop_all()
         for proxy in proxies.values():
             proxy.stop()
+        if chaos is not None:
+            chaos.stop()
         if secure is not None:
             secure.stop()
     return result
@@ -301,6 +316,14 @@ def _security_section(
     except MeshflError as exc:  # never lose the run's report over this
         section["rejected"] = {"error": str(exc)}
     return section
+
+
+def _ledger(admin: AdminClient, job_id: str) -> dict[str, Any]:
+    """The report's ``ledger`` section, or ``{"error": why}`` (the report is never lost)."""
+    try:
+        return ledger_section(admin.ledger(job_id))
+    except MeshflError as exc:
+        return {"error": str(exc)}
 
 
 def _onnx_section(

@@ -7,7 +7,7 @@ both directions. Each direction is a *link*: a token bucket at ``rate_bytes_per_
 (depth :data:`BUCKET_BYTES`, about one segment: a burst never exceeds it) followed by a
 fixed one-way delay of ``latency_s / 2``, so a message of b bytes arrives
 ≈ b / rate + latency / 2 seconds after it was sent, in order. Closing either side closes
-the other. stdlib asyncio streams, one event loop in a daemon thread per proxy.
+the other (:class:`meshfl.local.relay.TcpRelay` runs the connections).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import math
 import re
-import threading
 from dataclasses import dataclass
 
 from meshfl.errors import ConfigError
+from meshfl.local.relay import TcpRelay
 
 __all__ = ["BUCKET_BYTES", "LinkSpec", "ShapingProxy", "parse_link"]
 
@@ -111,7 +111,7 @@ class _TokenBucket:
             await asyncio.sleep((n - self.tokens) / self.rate)
 
 
-class ShapingProxy:
+class ShapingProxy(TcpRelay):
     """Relay TCP connections from 127.0.0.1 to ``target_host:target_port`` over ``link``.
 
     Parameters
@@ -136,77 +136,13 @@ class ShapingProxy:
 
     """
 
+    name = "shaping-proxy"
+
     def __init__(self, target_host: str, target_port: int, link: LinkSpec) -> None:
-        self.target_host, self.target_port, self.link = target_host, target_port, link
-        self.port: int | None = None
+        super().__init__(target_host, target_port)
+        self.link = link
         self.bytes_up = 0
         self.bytes_down = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[object]] = set()
-
-    def start(self) -> int:
-        """Listen on a free port of 127.0.0.1 and return it (the loop runs in a thread).
-
-        Raises RuntimeError when already started, OSError when it cannot listen.
-        """
-        if self._loop is not None:
-            raise RuntimeError("this proxy is already started")
-        loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="shaping-proxy", daemon=True)
-        self._loop = loop
-        self._thread.start()
-        try:
-            self._server = asyncio.run_coroutine_threadsafe(
-                asyncio.start_server(self._accept, "127.0.0.1", 0), loop
-            ).result(10.0)
-        except BaseException:
-            self.stop()
-            raise
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self.port
-
-    def stop(self) -> None:
-        """Close the listener and every relayed connection, and end the thread."""
-        loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(10.0)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(10.0)
-        loop.close()
-
-    async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:  # always, in a server callback; stop() cancels it
-            self._tasks.add(task)
-        try:
-            try:
-                target_r, target_w = await asyncio.open_connection(
-                    self.target_host, self.target_port
-                )
-            except OSError:
-                return
-            try:
-                await self._relay(client_r, client_w, target_r, target_w)
-            finally:
-                target_w.close()
-        except asyncio.CancelledError:
-            pass  # stop(): end quietly (asyncio logs a server callback that ends cancelled)
-        finally:
-            client_w.close()
-            if task is not None:
-                self._tasks.discard(task)
 
     async def _relay(
         self,

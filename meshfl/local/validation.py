@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES
 from meshfl.errors import ConfigError
+from meshfl.local.chaos import validate_chaos
 from meshfl.local.fleet import validate_fleet
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def validate(config: LocalConfig) -> None:
         _validate_budget(config, privacy, max(degrees.values(), default=1))
     _validate_rounds(config)
     validate_fleet(config)
+    validate_chaos(config)
     if config.agents + len(config.join_at) > MAX_AGENTS:
         raise ConfigError(f"--agents plus --join-at agents must be at most {MAX_AGENTS}")
     if config.broker is not None:

@@ -229,6 +229,9 @@ def test_a_local_run_unfolds_live_in_the_browser(dashboard: Dashboard) -> None:
             )
             points = page.locator("#chart-accuracy svg circle.point").count()
             assert points == final["rounds_completed"] == ROUNDS
+            ledger = page.locator("#ledger-table tbody tr")  # one row per round, as text
+            assert ledger.count() == ROUNDS
+            assert ledger.first.locator("td").all_inner_texts()[:2] == ["1", str(AGENTS)]
             assert page.evaluate("() => document.body.dataset.live") == "sse"
             page.screenshot(path=shots / "3-finished.png", full_page=True)
 

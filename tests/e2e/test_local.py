@@ -72,6 +72,13 @@ def test_the_cli_runs_a_small_fleet_that_beats_chance(tmp_path: Path) -> None:
     assert consensus["max_abs_diff"] <= 1e-5
     assert consensus["accuracy_onnx"] == consensus["accuracy_torch"] > 0.5
     assert f"consensus model: {out / 'consensus.onnx'}, accuracy" in proc.stdout
+    # the delivery ledger: every message sent once, applied once by each neighbour
+    totals = report["ledger"]["totals"]
+    received = 2 * len(report["topology"]["edges"]) * 5  # each edge carries 2 per round
+    assert (totals["sent"], totals["applied"], totals["delivered"]) == (20, received, received)
+    assert totals["applied_twice"] == totals["unrecovered_losses"] == totals["rejected"] == 0
+    assert [r["sent"] for r in report["ledger"]["rounds"]] == [4] * 5
+    assert f"ledger: 20 sent, {received} applied, 0 applied twice" in proc.stdout
     # every message arrived in time, so the fleet computed what lockstep computes
     lockstep = run_lockstep(LocalConfig(agents=4, rounds=5))
     np.testing.assert_allclose([r["mean_accuracy"] for r in report["rounds"]],

@@ -269,6 +269,7 @@ def test_a_failing_handler_does_not_stop_delivery(
             pub.publish("h/x", str(i).encode())
         assert wait_until(lambda: len(got) == 3)
     assert got == [b"1", b"2", b"3"]
+    assert sub.callback_errors == 1
     assert any("handler failed" in r.getMessage() for r in caplog.records)
 
 

@@ -48,7 +48,7 @@ def value(t: AgentTelemetry, name: str, **labels: str) -> float | None:
 
 def test_fake_rounds_update_the_counters_by_what_the_engine_gained() -> None:
     t = AgentTelemetry("pi-1")
-    t.connected("dev-1", lambda: 3)
+    t.connected("dev-1", lambda: 3, lambda: 2)
     t.job_started("job-1", lambda: 5)
     t.round_finished(sample(1, applied=2, dropped={"duplicate": 1}, rejected={"unsigned": 4},
                             epsilon=0.5))  # fmt: skip
@@ -68,6 +68,7 @@ def test_fake_rounds_update_the_counters_by_what_the_engine_gained() -> None:
     assert value(t, "meshfl_agent_deltas_rejected_total", **job, reason="unsigned") == 6
     assert value(t, "meshfl_agent_epsilon_spent", **job) == 0.9
     assert value(t, "meshfl_agent_reconnects_total") == 3
+    assert value(t, "meshfl_agent_callback_errors_total") == 2
     assert value(t, "meshfl_agent_queue_depth") == 5
     t.job_finished("job-1")
     assert value(t, "meshfl_agent_queue_depth") == 0

@@ -399,6 +399,26 @@ def test_static_assets_are_served_and_load_nothing_from_elsewhere(client: TestCl
     assert client.get("/ui/static/../router.py").status_code == 404
 
 
+def test_the_snapshot_ledger_is_the_apis_per_round_totals(
+    client: TestClient, clock: FakeClock
+) -> None:
+    from coordinator.ledger import COUNTS
+
+    job_id, devices = started_job(client, clock)
+    for k, (_, headers) in enumerate(devices[:2]):
+        body = metrics(1, 0.5, [0.5] * 8)
+        body["ledger"] = {**dict.fromkeys(COUNTS, 0), "sent": 1, "applied": 2, "lost": k}
+        r = client.post(f"{API}/jobs/{job_id}/metrics", json=body, headers=headers)
+        assert r.status_code == 204, r.text
+    log_in(client, ADMIN)
+
+    ledger = snapshot(client)["job"]["ledger"]
+
+    api = client.get(f"{API}/jobs/{job_id}/ledger", headers=ADMIN_H).json()
+    assert ledger == api["rounds"]
+    assert [(r["round"], r["sent"], r["applied"], r["lost"]) for r in ledger] == [(1, 2, 4, 1)]
+
+
 def test_both_pages_link_the_svg_favicon(client: TestClient) -> None:
     # Without the link browsers ask for /favicon.ico and log a 404 on every visit.
     icon = '<link rel="icon" type="image/svg+xml" href="/ui/static/favicon.svg">'

@@ -203,13 +203,31 @@ function refreshAges() {
   }
 }
 
+// The per-round totals of GET /api/v1/jobs/{id}/ledger (docs/reliability.md).
+const LEDGER_COLUMNS = [
+  ["round", "round"],
+  ["sent", "sent"],
+  ["delivered", "delivered"],
+  ["applied", "applied"],
+  ["duplicates", "duplicates"],
+  ["rejected", "rejected"],
+  ["recovered_by_keyframe", "recovered"],
+  ["lost", "lost"],
+];
+
 function renderLedger(job) {
   const body = $("ledger-body");
-  if (!job || job.ledger === null || job.ledger === undefined) {
+  if (!job || !Array.isArray(job.ledger) || job.ledger.length === 0) {
+    body.classList.add("muted");
     body.textContent = "delivery ledger: not available yet";
     return;
   }
-  body.replaceChildren(el("pre", {}, JSON.stringify(job.ledger, null, 1)));
+  body.classList.remove("muted");
+  const head = el("tr", {}, ...LEDGER_COLUMNS.map(([, label]) => el("th", { scope: "col", class: "num" }, label)));
+  const rows = job.ledger.map((r) =>
+    el("tr", {}, ...LEDGER_COLUMNS.map(([key]) => el("td", { class: "num" }, String(Number(r[key]) || 0)))),
+  );
+  body.replaceChildren(el("table", { id: "ledger-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
 
 // -- controls -------------------------------------------------------------------------

@@ -1,0 +1,114 @@
+"""A job's delivery ledger from its stored round reports (``GET /jobs/{id}/ledger``).
+
+Each device reports its round's :class:`~meshfl.contract.RoundLedger` inside its
+``RoundMetrics`` (stored as they came, in ``round_metrics.metrics``: no schema of its
+own); this module sums them per round and over the run. Pure functions of ORM rows,
+like :mod:`coordinator.reports`. docs/reliability.md defines every field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from coordinator.db import JobDevice, RoundMetric
+from meshfl.contract import JobLedger, LedgerRoundTotals, LedgerRow, LedgerTotals, RoundLedger
+
+__all__ = ["COUNTS", "REJECTIONS", "job_ledger"]
+
+REJECTIONS = (
+    "rejected_malformed",
+    "rejected_signature",
+    "rejected_unsigned",
+    "rejected_replayed",
+    "rejected_stale",
+    "rejected_other",
+)
+"""The reasons an envelope is refused; ``rejected`` is their sum."""
+
+COUNTS = (
+    "sent",
+    "delivered",
+    "applied",
+    "duplicates",
+    *REJECTIONS,
+    "missing",
+    "awaiting_keyframe",
+    "recovered_by_keyframe",
+    "lost",
+    "unrepaired",
+    "applied_twice",
+)
+"""The counts of a :class:`~meshfl.contract.RoundLedger`, in the order shown."""
+
+
+def _counts(ledger: Mapping[str, Any]) -> dict[str, int]:
+    out = {k: int(ledger.get(k, 0)) for k in COUNTS}
+    out["rejected"] = sum(out[k] for k in REJECTIONS)
+    return out
+
+
+def job_ledger(
+    job_id: str,
+    rows: Sequence[JobDevice],
+    metrics: Sequence[RoundMetric],
+    names: Mapping[str, str],
+) -> JobLedger:
+    """The ledger of a job: per device and round, per round, and over the run.
+
+    Parameters
+    ----------
+    job_id
+        The job's id.
+    rows
+        The job's participants (their ``index`` orders a round's rows).
+    metrics
+        Every stored round report of the job; those without a ``ledger`` are skipped.
+    names
+        Device id → name.
+
+    Returns
+    -------
+    JobLedger
+        ``totals.unrepaired`` sums each device's latest reported ``unrepaired``;
+        ``unrecovered_losses`` is ``lost`` plus that; ``corrupted_applied`` is 0 by
+        construction (see :class:`~meshfl.contract.LedgerTotals`).
+
+    """
+    index = {r.device_id: r.index for r in rows}
+    reported = sorted(
+        (m for m in metrics if isinstance(m.metrics.get("ledger"), dict)),
+        key=lambda m: (m.round, index.get(m.device_id, len(index)), m.device_id),
+    )
+    out_rows: list[LedgerRow] = []
+    per_round: dict[int, dict[str, int]] = {}
+    totals: dict[str, int] = dict.fromkeys((*COUNTS, "rejected"), 0)
+    latest: dict[str, tuple[int, int]] = {}  # device → (round, unrepaired)
+    for m in reported:
+        counts = _counts(cast(RoundLedger, m.metrics["ledger"]))
+        for key, value in counts.items():
+            totals[key] += value
+        out_rows.append(
+            cast(
+                LedgerRow,
+                {
+                    "device_id": m.device_id,
+                    "name": names.get(m.device_id, m.device_id),
+                    "round": m.round,
+                    **counts,
+                },
+            )
+        )
+        summed = per_round.setdefault(m.round, {"devices_reporting": 0})
+        summed["devices_reporting"] += 1
+        for key, value in counts.items():
+            summed[key] = summed.get(key, 0) + value
+        if m.round >= latest.get(m.device_id, (0, 0))[0]:
+            latest[m.device_id] = (m.round, counts["unrepaired"])
+    rounds = [cast(LedgerRoundTotals, {"round": r, **per_round[r]}) for r in sorted(per_round)]
+    totals["unrepaired"] = sum(u for _, u in latest.values())
+    totals["unrecovered_losses"] = totals["lost"] + totals["unrepaired"]
+    totals["corrupted_applied"] = 0
+    totals["devices_reporting"] = len(latest)
+    totals["rounds_reported"] = len(per_round)
+    return JobLedger(job_id=job_id, rows=out_rows, rounds=rounds, totals=cast(LedgerTotals, totals))

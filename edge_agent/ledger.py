@@ -1,0 +1,219 @@
+"""The delivery ledger of one device in one job: what happened to every gossip message.
+
+The gossip engine (:mod:`edge_agent.inbox`, :mod:`edge_agent.engine`) tells a
+:class:`DeliveryLedger` what it sends, what reaches it and what it does with each
+envelope; :meth:`DeliveryLedger.take_round` returns the counts since the previous call
+as a :class:`~meshfl.contract.RoundLedger`, which the agent reports with the round's
+metrics. docs/reliability.md ("The delivery ledger") defines every field.
+
+**Repairs.** A neighbour's messages carry consecutive sequence numbers (one per
+published envelope). A message needs repair when it is *missing* — a later sequence
+number of the same sender arrived first — or when it arrived but could not be applied
+because the replica of its sender was unknown or broken (a CHOCO difference dropped
+while awaiting a keyframe). A full-state message applied later (a KEYFRAME, or a D-PSGD
+model) with a higher sequence number repairs every such message before it: they count
+as *recovered by keyframe*. A message still unrepaired when this device reports its last
+round of the job, or when its sender stops being tracked (a new topology version), counts
+as *lost*; ``unrepaired`` reports those pending at the end of each round.
+
+Sequence numbers are expected from 1 for the neighbours this device tracks when it
+starts; for a peer added later, and for every peer of a joiner, from the first one that
+arrives (the earlier ones were not addressed to this device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, fields
+from typing import cast
+
+from meshfl.contract import RoundLedger
+
+__all__ = ["DeliveryLedger", "LedgerCounts"]
+
+
+@dataclass
+class LedgerCounts:
+    """Counters of the ledger (envelopes, except ``duplicates``: see the module docs)."""
+
+    sent: int = 0
+    delivered: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    rejected_malformed: int = 0
+    rejected_signature: int = 0
+    rejected_unsigned: int = 0
+    rejected_replayed: int = 0
+    rejected_stale: int = 0
+    rejected_other: int = 0
+    missing: int = 0
+    awaiting_keyframe: int = 0
+    recovered_by_keyframe: int = 0
+    lost: int = 0
+    applied_twice: int = 0
+
+
+MAX_GAP = 1_000_000
+"""Most sequence numbers one jump can make missing (keeps every count far below 2**53, the
+coordinator's plausibility bound, whatever a sender claims)."""
+
+
+class _Gaps:
+    """Sequence numbers awaiting repair, as sorted disjoint ``[lo, hi]`` ranges.
+
+    Ranges, not a set: a neighbour (or anyone who can publish on its topic, in an
+    unsigned job) may jump its sequence number by 2**64, and the gap must still cost
+    O(1) memory. The number of ranges is at most the number of messages received.
+    """
+
+    def __init__(self) -> None:
+        self._ranges: list[list[int]] = []
+
+    def __len__(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self._ranges)
+
+    def __contains__(self, sequence: int) -> bool:
+        return any(lo <= sequence <= hi for lo, hi in self._ranges)
+
+    def add_range(self, lo: int, hi: int) -> None:
+        """Add ``lo..hi`` (inclusive), above every range held (a new gap at the top)."""
+        if self._ranges and self._ranges[-1][1] >= lo - 1:
+            self._ranges[-1][1] = max(self._ranges[-1][1], hi)
+        else:
+            self._ranges.append([lo, hi])
+
+    def add(self, sequence: int) -> bool:
+        """Add one sequence number; False if it was held already."""
+        if sequence in self:
+            return False
+        self._ranges.append([sequence, sequence])
+        self._ranges.sort()
+        merged: list[list[int]] = []
+        for lo, hi in self._ranges:
+            if merged and merged[-1][1] >= lo - 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self._ranges = merged
+        return True
+
+    def remove_below(self, sequence: int) -> int:
+        """Remove every number below ``sequence``; how many were removed."""
+        removed, kept = 0, []
+        for lo, hi in self._ranges:
+            if hi < sequence:
+                removed += hi - lo + 1
+            elif lo < sequence:
+                removed += sequence - lo
+                kept.append([sequence, hi])
+            else:
+                kept.append([lo, hi])
+        self._ranges = kept
+        return removed
+
+
+class DeliveryLedger:
+    """Counts one device's deliveries, repairs and losses (see the module docstring).
+
+    Parameters
+    ----------
+    peers
+        The device ids tracked from the start: their sequence numbers are expected
+        from 1.
+
+    """
+
+    def __init__(self, peers: Collection[str]) -> None:
+        self.counts = LedgerCounts()
+        self._reported = LedgerCounts()
+        self._floor: dict[str, int | None] = dict.fromkeys(peers, 0)
+        self._high: dict[str, int] = {}
+        self._seen: set[str] = set()  # senders with at least one message since tracked
+        self._unrepaired: dict[str, _Gaps] = {}
+        self._applied: dict[str, set[int]] = {}
+
+    @property
+    def unrepaired(self) -> int:
+        """Messages that need repair and have not had it yet (a gauge, not a counter)."""
+        return sum(len(s) for s in self._unrepaired.values())
+
+    def track(self, peers: Collection[str]) -> None:
+        """Track ``peers`` added later: their sequence numbers count from the first seen."""
+        for peer in peers:
+            self._floor.setdefault(peer, None)
+
+    def untrack(self, peers: Collection[str]) -> None:
+        """Stop tracking ``peers``: their unrepaired messages count as lost."""
+        for peer in peers:
+            self.counts.lost += len(self._unrepaired.pop(peer, ()))
+            self._floor.pop(peer, None)  # tracked again later: from its first message
+            self._high.pop(peer, None)
+            self._seen.discard(peer)
+
+    def from_first_seen(self, peers: Collection[str]) -> None:
+        """Count ``peers``' sequence numbers from the first that arrives (a joiner)."""
+        for peer in peers:
+            if peer not in self._seen:
+                self._floor[peer] = None
+
+    def arrived(self, sender: str, sequence: int) -> None:
+        """A new ``(sender, sequence)`` of a tracked peer arrived: note the ones it skipped."""
+        self._seen.add(sender)
+        floor = self._floor.get(sender)
+        if floor is None:  # a peer added later (or never tracked): from this message on
+            floor = self._floor[sender] = sequence - 1
+        high = max(self._high.get(sender, floor), floor)
+        gaps = self._unrepaired.setdefault(sender, _Gaps())
+        if sequence > high + 1:  # every number in between is missing (none arrived above high)
+            # A jump past MAX_GAP is no run of real messages (a forged sequence number in
+            # an unsigned job): only the MAX_GAP numbers before it count.
+            lo = max(high + 1, sequence - MAX_GAP)
+            self.counts.missing += sequence - lo
+            gaps.add_range(lo, sequence - 1)
+        self._high[sender] = max(high, sequence)
+
+    def unusable(self, sender: str, sequence: int) -> None:
+        """``(sender, sequence)`` arrived but awaits its sender's keyframe to be of use."""
+        if self._unrepaired.setdefault(sender, _Gaps()).add(sequence):
+            self.counts.awaiting_keyframe += 1  # a late arrival of a missing one counts once
+
+    def applied(self, sender: str, sequence: int, *, full_state: bool) -> None:
+        """``(sender, sequence)`` was applied; a full state repairs the messages before it."""
+        done = self._applied.setdefault(sender, set())
+        if sequence in done:
+            self.counts.applied_twice += 1
+        done.add(sequence)
+        if full_state:
+            pending = self._unrepaired.get(sender)
+            if pending is not None:
+                self.counts.recovered_by_keyframe += pending.remove_below(sequence)
+
+    def take_round(self, engine: Mapping[str, int], *, final: bool = False) -> RoundLedger:
+        """The counts since the previous call, as the round's report carries them.
+
+        Parameters
+        ----------
+        engine
+            The engine's own counters so far (:class:`~edge_agent.inbox.EngineStats`
+            fields ``applied``, ``stale``, ``unsigned``, ``bad_signature``,
+            ``replayed``, plus ``duplicates``: repeated chunks and envelopes).
+        final
+            This device's last round of the job: every unrepaired message becomes lost.
+
+        """
+        c = self.counts
+        c.applied, c.rejected_stale = engine["applied"], engine["stale"]
+        c.duplicates = engine["duplicates"]
+        c.rejected_unsigned = engine["unsigned"]
+        c.rejected_signature = engine["bad_signature"]
+        c.rejected_replayed = engine["replayed"]
+        if final:
+            for pending in self._unrepaired.values():
+                c.lost += len(pending)
+            self._unrepaired.clear()
+        now = {f.name: int(getattr(c, f.name)) for f in fields(LedgerCounts)}
+        before = {f.name: int(getattr(self._reported, f.name)) for f in fields(LedgerCounts)}
+        self._reported = LedgerCounts(**now)
+        delta = {k: now[k] - before[k] for k in now}
+        delta["unrepaired"] = self.unrepaired
+        return cast(RoundLedger, delta)

@@ -1,0 +1,120 @@
+"""``meshfl local --chaos`` end to end (issue 7): faults between every agent and the broker.
+
+Both scenarios run 4 agents on digits. The fault scenario runs the same job twice on the
+embedded broker, without and with faults, and compares them; the partition scenario
+cuts one device off Mosquitto for longer than 1.5x the MQTT keepalive (30 s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from meshfl.local.run import LocalConfig, LocalRun, run_local
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+FAULTS = "drop=0.1,dup=0.1,reorder=0.05,corrupt=0.01,seed=67"
+"""The issue's mix. Seed 67 corrupts the 3rd and the 5th data PUBLISH that device-1 and
+device-0 receive (drawn per device in arrival order), so a corruption surely happens
+(1 % of ~240 deliveries alone would miss it about one run in ten)."""
+
+
+@dataclass
+class Runs:
+    calm: LocalRun
+    stormy: LocalRun
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The same job without and with ``FAULTS``: 4 agents, 30 rounds (W1's), 3 s deadline."""
+    out = tmp_path_factory.mktemp("chaos")
+    job = LocalConfig(agents=4, rounds=30, dataset="digits", seed=0, round_deadline_s=3.0)
+    calm = run_local(replace(job, out=out / "calm"))
+    stormy = run_local(replace(job, chaos=FAULTS, out=out / "chaos"))
+    return Runs(calm, stormy, out)
+
+
+def _rejected_in_logs(out: Path) -> int:
+    """Messages the agents dropped as malformed (their log's warning per rejection)."""
+    logs = sorted((out / "logs").glob("device-*.log"))
+    return sum(log.read_text().count("dropped a message on") for log in logs)
+
+
+def test_faulty_chunks_are_injected_and_none_corrupted_is_applied(runs: Runs) -> None:
+    report = runs.stormy.report
+    assert report["status"] == "completed"
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 31))
+    chaos = report["chaos"]
+    totals = chaos["totals"]
+    assert chaos["spec"] == FAULTS and chaos["seed"] == 67
+    assert totals["publishes"] > 150
+    assert totals["dropped"] > 0 and totals["duplicated"] > 0 and totals["reordered"] > 0
+    assert totals["corrupted"] >= 1
+    assert totals["acks_forged"] == totals["dropped"]  # every delta travels at QoS 1
+    # Every corrupted chunk was refused by its CRC (the agents' logs and their ledger).
+    assert _rejected_in_logs(runs.out / "chaos") >= totals["corrupted"]
+    ledger = report["ledger"]["totals"]
+    assert ledger["rejected_malformed"] >= totals["corrupted"]
+    assert ledger["corrupted_applied"] == 0 and ledger["applied_twice"] == 0
+    assert ledger["duplicates"] > 0 and ledger["recovered_by_keyframe"] > 0
+    assert _rejected_in_logs(runs.out / "calm") == 0
+    assert runs.calm.report["chaos"] is None
+    assert report["final"]["mean_accuracy"] > 0.6  # it learns (chance: 0.1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 7 acceptance not met by the engine yet: measured 0.870 with these faults"
+    " vs 0.901 without (30 rounds; 8 rounds: 0.50 vs 0.72). The ledger shows 15 of ~50"
+    " losses never recovered and reordered deltas refused as replays (signed jobs keep a"
+    " high-water mark, no window).",
+)
+def test_the_final_accuracy_is_within_one_point_of_the_run_without_faults(runs: Runs) -> None:
+    calm = runs.calm.report["final"]["mean_accuracy"]
+    stormy = runs.stormy.report["final"]["mean_accuracy"]
+    assert abs(stormy - calm) <= 0.01
+
+
+def test_a_device_partitioned_past_its_keepalive_reconnects_and_the_job_finishes(
+    tmp_path: Path, mosquitto_url: str
+) -> None:
+    # Mosquitto drops a client silent for 1.5x its keepalive (45 s) and publishes its
+    # Last Will; the embedded amqtt never drops a silent client.
+    config = LocalConfig(
+        agents=4,
+        rounds=24,
+        dataset="digits",
+        round_deadline_s=10.0,
+        broker=mosquitto_url,
+        # Rounds of ~4 s (training takes 400x longer, sleeping; W1 rounds are ~0.1 s):
+        # the partition (after round 1, ~50 s) heals half a minute before the job ends.
+        slow=tuple((f"device-{i}", 400.0) for i in range(4)),
+        chaos="partition=device-1@1:50",
+        out=tmp_path / "run",
+    )
+    notes: list[str] = []
+
+    result = run_local(config, notify=notes.append)
+
+    report = result.report
+    assert report["status"] == "completed"
+    assert not result.failed_agents
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 25))
+    (event,) = report["chaos"]["partitions"]
+    assert (event["device"], event["round"], event["seconds"]) == ("device-1", 1, 50.0)
+    assert "after round 1: device-1 cut off the broker for 50 s" in notes
+    cut = report["chaos"]["devices"]["device-1"]
+    assert cut["partitions"] == 1 and cut["partitioned_s"] == 50.0
+    assert cut["reconnects"] == 1  # the old connection died (keepalive); a new one came
+    others = [d for name, d in report["chaos"]["devices"].items() if name != "device-1"]
+    assert all(d["partitions"] == 0 and d["reconnects"] == 0 for d in others)
+    devices = {d["name"]: d for d in report["devices"]}
+    assert devices["device-1"]["final_accuracy"] is not None
+    ledger = report["ledger"]["totals"]  # the persistent session kept what it missed
+    assert ledger["applied_twice"] == 0 and ledger["corrupted_applied"] == 0
+    assert report["final"]["mean_accuracy"] > 0.6  # it learns (chance: 0.1)
