@@ -34,6 +34,7 @@ COUNTS = (
     *REJECTIONS,
     "missing",
     "awaiting_keyframe",
+    "delivered_late",
     "recovered_by_keyframe",
     "lost",
     "unrepaired",

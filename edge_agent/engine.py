@@ -7,8 +7,10 @@ subscriber — then waits for its neighbours' messages and takes the consensus s
 - **sync** (default): until ``quorum_size(d, quorum)`` of its d neighbours answered this
   round (all of them with quorum 1), the rest were reported offline by their status
   topic (Last Will), or the round deadline passed. A neighbour that missed the previous
-  round is *suspected*: its message is taken if already there but not waited for, so
-  one hung device costs its neighbours one deadline, not one per round.
+  round and sent nothing else during it is *suspected*: its message is taken if already
+  there but not waited for, so one hung device costs its neighbours one deadline, not
+  one per round (a neighbour that is merely behind, whose older messages still arrive,
+  is waited for: otherwise this device would run ahead of it unmixed).
 - **async** (AD-PSGD, Lian et al., ICML 2018, with bounded staleness τ as in Hop, Luo et
   al., ASPLOS 2019): never for this round's messages — only until every neighbour's
   latest message is at most τ rounds old; it mixes whatever each neighbour last sent.
@@ -16,13 +18,17 @@ subscriber — then waits for its neighbours' messages and takes the consensus s
 Delivery is at least once (MQTT QoS 1, persistent sessions); the engine applies each
 message exactly once by ``(sender, sequence)``. Messages for a future round are held
 until the device reaches it; a CHOCO difference that arrives late is still applied
-(replica updates are additive), a D-PSGD model older than the one held is dropped.
+(replica updates are additive) unless a keyframe applied since already holds it, a D-PSGD
+model older than the one held is dropped.
 
 **Keyframes.** A CHOCO replica needs every difference of its peer since a known state.
 A device that lacks one — a neighbour new to it after a topology change, a joiner, a
 gap in a peer's sequence numbers — lists the peer under ``need`` in its retained status;
 a device that sees its id there sends its next message as a lossless KEYFRAME (x̂_i :=
-x_i), which sets every receiver's replica. Peers awaiting a keyframe are not waited for.
+x_i), which sets every receiver's replica. Peers awaiting a keyframe without a replica
+are not waited for. A difference that overtook its predecessor is held for it
+(:mod:`edge_agent.inbox`): its sender answered the round and is mixed with its replica as
+of the message before the missing one (a stale replica, as in the async mode).
 
 **Topology versions.** :meth:`set_peers` tracks the peers of a new version (subscribing
 to their topics); :meth:`exchange` takes this round's row of W, so time-varying graphs
@@ -219,6 +225,8 @@ class GossipEngine(Inbox):
                 self._subscribe(peer)
         self.ledger.track(fresh)
         self.ledger.untrack(self.peers - set(peers))
+        for peer in self.peers - set(peers):
+            self._early.pop(peer, None)
         self.peers = set(peers)
         self.request_keyframes(need)
 
@@ -277,6 +285,9 @@ class GossipEngine(Inbox):
         row = set(self._current_row())
         if self._round == 0 and round_ > 1:  # a device that starts late (joined, resumed)
             self.ledger.from_first_seen(self.peers)
+            for peer in self.peers:  # sequence numbers from the first that arrives
+                if not self._applied.get(peer):
+                    self._last_seq.pop(peer, None)
         self._round = round_
         self.drain()
         self._publish(round_, x)
@@ -297,7 +308,9 @@ class GossipEngine(Inbox):
         else:
             mixed = {p for p in answered & row if self.algorithm.has_state(p)}
             mixed |= {p for p in slow - self._offline if self._fresh(p, round_)}
-            self._suspected = (row - answered) - self._need - slow
+            # Suspected: nothing at all came this round (a peer merely behind is not).
+            self._suspected = (row - answered) - self._unknown() - slow - self._heard
+        self._heard = set()
         missing = sorted(row - mixed)
         if missing:
             log.debug("round %d: mixing without %s", round_, ", ".join(missing))
@@ -379,8 +392,12 @@ class GossipEngine(Inbox):
         for chunk in split_message(message, env.message_id, size):
             self.transport.publish(topic, chunk, qos=1)
 
+    def _unknown(self) -> set[str]:
+        """Peers awaiting a keyframe without any replica (not waited for, not suspected)."""
+        return {p for p in self._need if not self.algorithm.has_state(p)}
+
     def _round_complete(self, round_: int, row: set[str]) -> bool:
-        waitable = row - self._offline - self._need
+        waitable = row - self._offline - self._unknown()
         if self.mode == "async":
             return all(self._fresh(p, round_) for p in waitable)
         waitable -= self._suspected

@@ -13,10 +13,23 @@ handling happens on the thread that calls :meth:`Inbox.drain` or the engine's wa
 every envelope of this job is verified before anything else reads it: unsigned ones are
 counted in ``unsigned``, ones whose signature does not verify with the sender's
 registered key (or whose sender has none) in ``bad_signature``, and validly signed ones
-whose sequence number is at or below the highest already accepted from that sender — or,
+whose sequence number was already accepted from that sender or lies below its
+anti-replay window (:class:`~edge_agent.signing.ReplayWindow`, RFC 4303 §3.4.3) — or,
 from a sender not heard from before, whose round is older than this device can use — in
 ``replayed``. Each is dropped; the model never sees it. Without a verifier (unit tests on
 the in-memory bus) nothing is checked and repeated sequence numbers count as duplicates.
+
+**Order of CHOCO differences.** A replica x̂_j is a keyframe (or the shared start) plus
+every difference after it, and differences add (x̂_j ← x̂_j + q_j; Koloskova et al.,
+ICML 2019), so each one is applied exactly once, in any order — but a replica is mixed
+only while it holds every difference up to the latest applied. A difference that
+overtook a predecessor is held (at most ``REORDER_WINDOW`` sequence numbers ahead) and a
+keyframe is requested at once; when the predecessor arrives late both are applied and the
+request is withdrawn, and when the keyframe comes first it replaces what the replica
+lacked: held differences it covers are dropped, later ones applied on top. A difference
+that arrives after a keyframe with a higher sequence number is already in it: dropped
+and counted ``stale``. A request whose keyframe does not come (the request or the
+keyframe lost) is repeated once the peer's sequence numbers show it was passed over.
 """
 
 from __future__ import annotations
@@ -29,7 +42,7 @@ from typing import Any
 
 from edge_agent.ledger import DeliveryLedger
 from edge_agent.mailbox import Mailbox
-from edge_agent.signing import RejectLog, Verdict, Verifier
+from edge_agent.signing import RejectLog, ReplayWindow, Verdict, Verifier
 from meshfl.aggregation import GossipAlgorithm
 from meshfl.errors import MeshflError
 from meshfl.wire import Envelope, MessageKind, Reassembler, parse_topic
@@ -43,6 +56,10 @@ FIRST_CONTACT_ROUNDS = 2
 """Rounds beyond ``staleness`` a first message from a sender may lag this device's round
 (older: refused as replayed; later messages are held to their sequence numbers)."""
 
+REORDER_WINDOW = 64
+"""Sequence numbers a CHOCO difference may run ahead of its replica and still be held for
+its late predecessors (further: the replica is dropped and resynced from a keyframe)."""
+
 
 @dataclass
 class EngineStats:
@@ -50,14 +67,14 @@ class EngineStats:
 
     applied: int = 0
     duplicates: int = 0
-    stale: int = 0
+    stale: int = 0  # a D-PSGD model older than held, a CHOCO difference a keyframe covers
     rejected: int = 0
     late: int = 0
     foreign: int = 0
     keyframes_received: int = 0
     keyframes_sent: int = 0
     awaiting_keyframe: int = 0  # differences dropped because their replica was unknown
-    gaps: int = 0  # sequence gaps that forced a keyframe request
+    gaps: int = 0  # sequence gaps that made a keyframe request (some filled late)
     unsigned: int = 0  # signed job: envelopes without a signature
     bad_signature: int = 0  # signed job: signature invalid, or the sender has no key
     replayed: int = 0  # signed job: a (sender, sequence) or round already used up
@@ -107,16 +124,22 @@ class Inbox(Mailbox):
         self.ledger = DeliveryLedger(self.peers)  # docs/reliability.md
         self.verifier = verifier
         self._refusals = RejectLog(log, clock=clock)
-        self._high_seq: dict[str, int] = {}  # signed job: highest sequence accepted per sender
+        self._window = ReplayWindow()  # signed job: sequence numbers accepted per sender
         self.control: list[dict[str, Any]] = []
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
-        self._last_seq: dict[str, int] = {}
+        # CHOCO: the sequence number up to which a replica holds every message (0: the
+        # shared start), the differences held behind a missing one, and the highest
+        # sequence number seen when a keyframe was requested (see the module docstring).
+        self._last_seq: dict[str, int] = {p: 0 for p in self.peers if algorithm.has_state(p)}
+        self._early: dict[str, dict[int, Envelope]] = {}
+        self._asked: dict[str, int] = {}
         self._answered: dict[int, set[str]] = {}
         self._held: dict[int, list[Envelope]] = {}
         self._latest_round: dict[str, int] = {}
         self._offline: set[str] = set()
         self._suspected: set[str] = set()
+        self._heard: set[str] = set()  # peers with a new message since the last round ended
         self._ready: set[str] = set()
         self._need: set[str] = set()
         self._keyframe_due = False
@@ -140,16 +163,50 @@ class Inbox(Mailbox):
         return frozenset(self._need)
 
     def request_keyframes(self, peers: Collection[str]) -> None:
-        """Ask ``peers`` (tracked ones) for a keyframe through the retained status."""
+        """Ask ``peers`` (tracked ones) for a keyframe through the retained status.
+
+        Their replicas are dropped: nothing of them is mixed before the keyframe.
+        """
         wanted = {p for p in peers if p in self.peers} - self._need
         if not wanted:
             return
         for peer in wanted:
-            self.algorithm.forget(peer)
-            self._last_seq.pop(peer, None)
+            self._forget(peer)
         self._need |= wanted
         if self._started:
             self._publish_status()
+
+    def _forget(self, peer: str) -> None:
+        self.algorithm.forget(peer)
+        self._last_seq.pop(peer, None)
+        self._early.pop(peer, None)  # the ledger keeps them as awaiting a keyframe
+
+    def _ask(self, peer: str, sequence: int) -> None:
+        """Request ``peer``'s keyframe after its ``sequence`` (again, if one is overdue).
+
+        A keyframe answers within two messages of the request (the peer may have sent
+        one before it saw the request); a later difference means the request or the
+        keyframe was lost, and the request is published again.
+        """
+        asked = self._asked.get(peer)
+        if peer in self._need:
+            if asked is None:  # asked without a sequence number (a new peer, a joiner)
+                self._asked[peer] = sequence
+            if asked is None or sequence <= asked + 1:
+                return
+            log.info("no keyframe from %s after %d: asking again", peer, asked)
+        self._asked[peer] = sequence
+        self._need.add(peer)
+        if self._started:
+            self._publish_status()
+
+    def _withdraw(self, peer: str) -> None:
+        """The replica of ``peer`` is whole again without a keyframe: stop asking."""
+        self._asked.pop(peer, None)
+        if peer in self._need and self.algorithm.has_state(peer):
+            self._need.discard(peer)
+            if self._started:
+                self._publish_status()
 
     def drain(self) -> None:
         """Handle whatever already arrived without waiting (late messages, statuses)."""
@@ -226,16 +283,15 @@ class Inbox(Mailbox):
             self.ledger.counts.rejected_other += 1
             self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
             return
-        if self.verifier is not None:
-            if self._replayed(env):
-                self._refuse(Verdict.REPLAYED, env, topic)
-                return
-            self._high_seq[env.sender] = env.sequence
+        if self.verifier is not None and self._replayed(env):
+            self._refuse(Verdict.REPLAYED, env, topic)
+            return
         seen = self._applied[env.sender]
         if env.sequence in seen:
             self.stats.duplicates += 1
             return
         seen.add(env.sequence)
+        self._heard.add(env.sender)
         if env.sender in self.peers:
             self.ledger.arrived(env.sender, env.sequence)
         if env.round > self._round and not self._catching_up:
@@ -244,11 +300,16 @@ class Inbox(Mailbox):
             self._apply(env)
 
     def _replayed(self, env: Envelope) -> bool:
-        """A validly signed envelope this device must not use again (or cannot use)."""
-        high = self._high_seq.get(env.sender)
-        if high is not None:
-            return env.sequence <= high
-        return env.round + self.staleness + FIRST_CONTACT_ROUNDS < self._round
+        """A validly signed envelope this device must not use again (or cannot use).
+
+        Its sequence number is accepted once by the sender's anti-replay window; a first
+        message of a sender must not be older than this device can use.
+        """
+        if not self._window.knows(env.sender) and (
+            env.round + self.staleness + FIRST_CONTACT_ROUNDS < self._round
+        ):
+            return True
+        return not self._window.accept(env.sender, env.sequence)
 
     def _refuse(self, verdict: Verdict, env: Envelope, topic: str) -> None:
         self._refusals(self.stats, verdict, env.sender, env.round, topic)
@@ -259,11 +320,31 @@ class Inbox(Mailbox):
             self.stats.foreign += 1  # a former peer of an older topology version
             self.ledger.counts.rejected_other += 1
             return
-        if env.kind == MessageKind.MODEL and env.round < self._latest_round.get(sender, 0):
+        if env.kind == MessageKind.DELTA:
+            self._difference(env)
+            return
+        if self._outdated(env):
             self.stats.stale += 1
             return
-        if env.kind == MessageKind.DELTA and not self._in_sequence(sender, env.sequence):
-            return
+        if self._use(env) and env.kind == MessageKind.KEYFRAME:
+            # It replaces the replica: held differences it covers are in it (the ledger
+            # counts them recovered), later ones apply on top.
+            early = self._early.get(sender, {})
+            for sequence in [s for s in early if s <= env.sequence]:
+                del early[sequence]
+            self._release(sender)
+
+    def _outdated(self, env: Envelope) -> bool:
+        """A D-PSGD model older than the one held, or a keyframe older than the replica."""
+        sender = env.sender
+        if env.kind == MessageKind.MODEL:
+            return env.round < self._latest_round.get(sender, 0)
+        last = self._last_seq.get(sender)
+        return last is not None and env.sequence <= last and self.algorithm.has_state(sender)
+
+    def _use(self, env: Envelope) -> bool:
+        """Give ``env`` to the algorithm and book it; False if its tensors were refused."""
+        sender = env.sender
         try:
             if env.kind == MessageKind.KEYFRAME:
                 self.algorithm.incoming_keyframe(sender, env.tensors)
@@ -273,12 +354,9 @@ class Inbox(Mailbox):
         except MeshflError as exc:
             self.ledger.counts.rejected_other += 1
             self._reject(f"dropped {sender}'s round {env.round} message: {exc}")
-            return
+            return False
         self.ledger.applied(sender, env.sequence, full_state=env.kind != MessageKind.DELTA)
-        self._last_seq[sender] = env.sequence
-        if sender in self._need and env.kind != MessageKind.DELTA:
-            self._need.discard(sender)
-            self._publish_status()
+        self._last_seq[sender] = max(env.sequence, self._last_seq.get(sender, 0))
         self._latest_round[sender] = max(env.round, self._latest_round.get(sender, 0))
         self._suspected.discard(sender)
         self.stats.applied += 1
@@ -286,21 +364,53 @@ class Inbox(Mailbox):
             self.stats.late += 1
         else:
             self._answered.setdefault(env.round, set()).add(sender)
+        if sender in self._need and env.kind != MessageKind.DELTA:
+            self._need.discard(sender)
+            self._asked.pop(sender, None)
+            self._publish_status()
+        return True
 
-    def _in_sequence(self, sender: str, sequence: int) -> bool:
-        """Whether a CHOCO difference continues the replica held of ``sender``."""
+    def _difference(self, env: Envelope) -> None:
+        """Apply a CHOCO difference in sequence, hold it for a late predecessor, or drop it."""
+        sender, sequence = env.sender, env.sequence
         if not self.algorithm.has_state(sender):
             self.stats.awaiting_keyframe += 1
             self.ledger.unusable(sender, sequence)
-            self.request_keyframes([sender])
-            return False
+            self._ask(sender, sequence)
+            return
         last = self._last_seq.get(sender)
-        if last is not None and sequence != last + 1:
+        if last is None or sequence == last + 1:  # None: counted from the first that came
+            if self._use(env):
+                self._release(sender)
+            return
+        if sequence <= last:  # older than a keyframe applied since, which holds it
+            self.stats.stale += 1
+            return
+        if sequence - last > REORDER_WINDOW:
             self.stats.gaps += 1
             log.warning(
                 "gap in %s's messages (%d after %d): asking for a keyframe", sender, sequence, last
             )
             self.ledger.unusable(sender, sequence)
-            self.request_keyframes([sender])
-            return False
-        return True
+            self._forget(sender)
+            self._ask(sender, sequence)
+            return
+        early = self._early.setdefault(sender, {})
+        if not early:
+            self.stats.gaps += 1
+            log.info("gap in %s's messages (%d after %d): holding it", sender, sequence, last)
+        early[sequence] = env
+        self.ledger.unusable(sender, sequence)
+        if env.round >= self._round:  # it answered: mixed with its replica so far
+            self._answered.setdefault(env.round, set()).add(sender)
+        self._ask(sender, sequence)
+
+    def _release(self, sender: str) -> None:
+        """Apply the held differences that now continue the replica of ``sender``."""
+        early = self._early.get(sender)
+        while early:
+            env = early.pop(self._last_seq[sender] + 1, None)
+            if env is None or not self._use(env):
+                return  # still a hole: the keyframe requested repairs it
+        self._early.pop(sender, None)
+        self._withdraw(sender)

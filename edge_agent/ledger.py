@@ -12,9 +12,13 @@ number of the same sender arrived first — or when it arrived but could not be 
 because the replica of its sender was unknown or broken (a CHOCO difference dropped
 while awaiting a keyframe). A full-state message applied later (a KEYFRAME, or a D-PSGD
 model) with a higher sequence number repairs every such message before it: they count
-as *recovered by keyframe*. A message still unrepaired when this device reports its last
-round of the job, or when its sender stops being tracked (a new topology version), counts
-as *lost*; ``unrepaired`` reports those pending at the end of each round.
+as *recovered by keyframe*. A missing message that arrives after all and is applied — and
+a CHOCO difference that waited for it and is applied after it — counts as *delivered
+late*. A message still unrepaired when this device reports its last round of the job, or
+when its sender stops being tracked (a new topology version), counts as *lost*;
+``unrepaired`` reports those pending at the end of each round. So, over a device's run,
+``missing + awaiting_keyframe = delivered_late + recovered_by_keyframe + lost`` plus the
+last ``unrepaired``.
 
 Sequence numbers are expected from 1 for the neighbours this device tracks when it
 starts; for a peer added later, and for every peer of a joiner, from the first one that
@@ -48,6 +52,7 @@ class LedgerCounts:
     rejected_other: int = 0
     missing: int = 0
     awaiting_keyframe: int = 0
+    delivered_late: int = 0
     recovered_by_keyframe: int = 0
     lost: int = 0
     applied_twice: int = 0
@@ -96,6 +101,16 @@ class _Gaps:
                 merged.append([lo, hi])
         self._ranges = merged
         return True
+
+    def discard(self, sequence: int) -> bool:
+        """Remove one sequence number; False if it was not held."""
+        for i, (lo, hi) in enumerate(self._ranges):
+            if lo <= sequence <= hi:
+                parts = [[lo, sequence - 1]] if lo < sequence else []
+                parts += [[sequence + 1, hi]] if sequence < hi else []
+                self._ranges[i : i + 1] = parts
+                return True
+        return False
 
     def remove_below(self, sequence: int) -> int:
         """Remove every number below ``sequence``; how many were removed."""
@@ -178,15 +193,22 @@ class DeliveryLedger:
             self.counts.awaiting_keyframe += 1  # a late arrival of a missing one counts once
 
     def applied(self, sender: str, sequence: int, *, full_state: bool) -> None:
-        """``(sender, sequence)`` was applied; a full state repairs the messages before it."""
+        """``(sender, sequence)`` was applied; a full state repairs the messages before it.
+
+        A message that was awaiting repair itself (missing, or held for a missing one)
+        leaves the repairs as *delivered late*.
+        """
         done = self._applied.setdefault(sender, set())
         if sequence in done:
             self.counts.applied_twice += 1
         done.add(sequence)
+        pending = self._unrepaired.get(sender)
+        if pending is None:
+            return
+        if pending.discard(sequence):
+            self.counts.delivered_late += 1
         if full_state:
-            pending = self._unrepaired.get(sender)
-            if pending is not None:
-                self.counts.recovered_by_keyframe += pending.remove_below(sequence)
+            self.counts.recovered_by_keyframe += pending.remove_below(sequence)
 
     def take_round(self, engine: Mapping[str, int], *, final: bool = False) -> RoundLedger:
         """The counts since the previous call, as the round's report carries them.

@@ -39,9 +39,11 @@ DROP_REASONS = {
 """``reason`` label → the engine stats' counter of well-formed messages dropped that way.
 
 ``duplicate``: a ``(sender, sequence)`` already applied; ``stale``: a D-PSGD model older
-than the one held; ``foreign``: another job's, or a former neighbour's; ``awaiting_keyframe``
-/ ``gap``: a CHOCO difference whose replica is unknown or out of sequence (a keyframe is
-requested); ``late``: a secure round's masked input from a peer already declared dropped.
+than the one held, or a CHOCO difference that a keyframe applied since already holds;
+``foreign``: another job's, or a former neighbour's; ``awaiting_keyframe`` / ``gap``: a CHOCO
+difference whose replica is unknown, or that overtook a predecessor (held for it, counted
+once per gap; a keyframe is requested); ``late``: a secure round's masked input from a peer
+already declared dropped.
 """
 
 REJECT_REASONS = {

@@ -23,8 +23,9 @@ and its trust assumptions are in ``docs/privacy.md``.
 
 In a ``signed_deltas`` job every envelope is signed with the device's identity key and
 verified on arrival before anything reads it (``docs/security.md``, "Signed deltas"):
-unsigned, mis-signed and replayed ones (a sequence number at or below the sender's
-highest accepted, or a round older than the rounds kept) are counted in
+unsigned, mis-signed and replayed ones (a sequence number already accepted or below the
+sender's anti-replay window, :class:`~edge_agent.signing.ReplayWindow`, or a round older
+than the rounds kept) are counted in
 :class:`SecureStats` and dropped.
 """
 
@@ -66,7 +67,7 @@ from edge_agent.secagg.holder import (
     encode_reveal,
     encode_shares,
 )
-from edge_agent.signing import RejectLog, Verdict, Verifier
+from edge_agent.signing import RejectLog, ReplayWindow, Verdict, Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import (
     Contribution,
@@ -239,7 +240,7 @@ class SecureEngine(Mailbox):
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._sequence = 0
         self._seen: dict[str, set[int]] = {}  # sender -> sequence numbers handled
-        self._high_seq: dict[str, int] = {}  # signed job: highest sequence accepted per sender
+        self._window = ReplayWindow()  # signed job: sequence numbers accepted per sender
         self._refusals = RejectLog(log, clock=clock)
         self._offline: set[str] = set()
         self._ready: set[str] = set()
@@ -516,13 +517,9 @@ class SecureEngine(Mailbox):
             return True  # another job's message is ignored by _on_envelope
         verdict = self.verifier.verify(decoded)
         if verdict is None and env.sender == src:
-            high = self._high_seq.get(env.sender)
-            if (high is not None and env.sequence <= high) or (
-                env.round + _KEEP_ROUNDS < self._round
-            ):
+            stale = env.round + _KEEP_ROUNDS < self._round
+            if stale or not self._window.accept(env.sender, env.sequence):
                 verdict = Verdict.REPLAYED
-            else:
-                self._high_seq[env.sender] = env.sequence
         if verdict is None:
             return True
         self._refusals(self.stats, verdict, env.sender, env.round, topic)

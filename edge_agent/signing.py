@@ -8,8 +8,10 @@ each envelope signed by its sender (:class:`Signer`, flag ``SIGNED`` of wire v1,
 envelope's ``sender`` (:class:`Verifier`) before anything else reads the payload, so a
 spoofed sender is rejected even behind a broker that lets everything through.
 
-:class:`Verdict` names why a message was refused; :class:`RejectLog` logs those refusals
-rate-limited (never key material). ``docs/security.md`` ("Signed deltas") has the picture.
+:class:`ReplayWindow` decides which validly signed sequence numbers are replays (the one
+place that does, for the gossip inbox and the secure-aggregation engine); :class:`Verdict`
+names why a message was refused; :class:`RejectLog` logs those refusals rate-limited
+(never key material). ``docs/security.md`` ("Signed deltas") has the picture.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from edge_agent.secagg.crypto import KEY_BYTES, SIGNATURE_BYTES, IdentityKey
 from meshfl.wire.serde import DecodedEnvelope
 
-__all__ = ["RejectLog", "Signer", "Verdict", "Verifier"]
+__all__ = ["REPLAY_WINDOW", "RejectLog", "ReplayWindow", "Signer", "Verdict", "Verifier"]
 
 log = logging.getLogger("meshfl.agent.signing")
+
+REPLAY_WINDOW = 64
+"""Sequence numbers below a sender's highest one that may still arrive (reordered)."""
 
 
 class Verdict(Enum):
@@ -117,6 +122,58 @@ class Verifier:
         except InvalidSignature:
             return Verdict.BAD_SIGNATURE
         return None
+
+
+class ReplayWindow:
+    """Sliding anti-replay windows, one per sender (RFC 4303 §3.4.3, IPsec ESP).
+
+    For each sender it keeps the highest sequence number accepted and a bitmap of which
+    of the ``size`` numbers at and below it were accepted. A number above the highest
+    is accepted and slides the window; an unseen number inside the window is accepted
+    (a message that was overtaken on the way); a number already accepted, or one below
+    the window, is a replay. Memory: one integer of ``size`` bits per sender, whatever
+    the numbers a sender claims.
+
+    Parameters
+    ----------
+    size : int
+        Window width W in sequence numbers (default :data:`REPLAY_WINDOW`, 64 — RFC
+        4303's recommended minimum is 32).
+
+    Raises
+    ------
+    ValueError
+        If ``size`` is below 1.
+
+    """
+
+    __slots__ = ("_high", "_mask", "_seen", "size")
+
+    def __init__(self, size: int = REPLAY_WINDOW) -> None:
+        if size < 1:
+            raise ValueError(f"replay window size must be >= 1, got {size}")
+        self.size = size
+        self._mask = (1 << size) - 1
+        self._high: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # bit k: high - k was accepted
+
+    def knows(self, sender: str) -> bool:
+        """Whether any sequence number of ``sender`` was accepted yet."""
+        return sender in self._high
+
+    def accept(self, sender: str, sequence: int) -> bool:
+        """Accept ``(sender, sequence)`` once: True (and remembered) or False (a replay)."""
+        high = self._high.get(sender)
+        if high is None or sequence > high:
+            shift = sequence - high if high is not None else self.size
+            bits = self._seen.get(sender, 0) << shift if shift < self.size else 0
+            self._high[sender], self._seen[sender] = sequence, (bits | 1) & self._mask
+            return True
+        back = high - sequence
+        if back >= self.size or self._seen[sender] >> back & 1:
+            return False
+        self._seen[sender] |= 1 << back
+        return True
 
 
 def _public_key(device: str, text: str) -> Ed25519PublicKey | None:

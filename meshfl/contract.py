@@ -569,6 +569,8 @@ class RoundLedger(TypedDict):
     rejected_other: int  # misrouted, from a former peer, or not fitting the model
     missing: int  # sequence numbers skipped: a later one of the same sender came first
     awaiting_keyframe: int  # arrived, but the sender's replica needs a keyframe first
+    # missing or awaiting messages applied after all (late); absent from older agents: 0
+    delivered_late: NotRequired[int]
     recovered_by_keyframe: int  # missing or awaiting messages repaired by a full state
     lost: int  # missing or awaiting messages given up on (last round, or peer dropped)
     unrepaired: int
@@ -681,6 +683,7 @@ class LedgerRoundTotals(TypedDict):
     rejected_other: int
     missing: int
     awaiting_keyframe: int
+    delivered_late: int
     recovered_by_keyframe: int
     lost: int
     unrepaired: int
@@ -706,6 +709,7 @@ class LedgerRow(TypedDict):
     rejected_other: int
     missing: int
     awaiting_keyframe: int
+    delivered_late: int
     recovered_by_keyframe: int
     lost: int
     unrepaired: int
@@ -738,6 +742,7 @@ class LedgerTotals(TypedDict):
     rejected_other: int
     missing: int
     awaiting_keyframe: int
+    delivered_late: int
     recovered_by_keyframe: int
     lost: int
     unrepaired: int

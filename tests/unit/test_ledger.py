@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from gossip_scenarios import FLEET, JOB, run_engines
@@ -148,6 +150,78 @@ def test_a_gap_never_repaired_is_lost_at_the_last_round(
     assert (before["missing"], before["awaiting_keyframe"], before["lost"]) == (1, 1, 0)
     assert before["unrepaired"] == 2
     assert (last["lost"], last["unrepaired"], last["recovered_by_keyframe"]) == (2, 0, 0)
+
+
+def test_an_overtaken_message_that_arrives_late_is_applied_and_counted_delivered_late(
+    device: tuple[GossipEngine, ScriptedPeer],
+) -> None:
+    engine, peer = device
+    peer.send(1, 1)
+    play(engine, 1)
+    peer.send(2, 3)  # 3 overtakes 2: held, and a keyframe is asked for at once
+    peer.send(2, 2)  # 2 arrives late: both apply, the request is withdrawn
+    ledger = play(engine, 2, final=True)
+
+    assert engine.need == frozenset() and engine.stats.gaps == 1
+    assert (ledger["missing"], ledger["awaiting_keyframe"], ledger["delivered_late"]) == (1, 1, 2)
+    assert (ledger["applied"], ledger["recovered_by_keyframe"], ledger["lost"]) == (2, 0, 0)
+    assert (ledger["unrepaired"], ledger["applied_twice"], ledger["rejected_stale"]) == (0, 0, 0)
+
+
+def test_a_late_message_that_a_keyframe_holds_is_dropped_as_stale(
+    device: tuple[GossipEngine, ScriptedPeer],
+) -> None:
+    engine, peer = device
+    peer.send(1, 1)
+    play(engine, 1)
+    peer.send(2, 3)  # 2 is overtaken ...
+    second = play(engine, 2)
+    peer.send(3, 4, MessageKind.KEYFRAME)  # ... the keyframe asked for comes first ...
+    peer.send(2, 2)  # ... and 2 after it: the keyframe already holds it
+    third = play(engine, 3, final=True)
+
+    assert second["unrepaired"] == 2 and engine.need == frozenset()
+    assert (third["applied"], third["recovered_by_keyframe"], third["rejected_stale"]) == (1, 2, 1)
+    assert (third["delivered_late"], third["lost"], third["unrepaired"]) == (0, 0, 0)
+
+
+def test_a_keyframe_request_is_repeated_when_its_answer_is_overdue(
+    device: tuple[GossipEngine, ScriptedPeer],
+) -> None:
+    engine, peer = device
+    needs: list[list[str]] = []  # dev-0's statuses as dev-1 sees them
+    peer.transport.set_handler(
+        lambda _topic, payload: needs.append(json.loads(payload).get("need", []))
+    )
+    peer.transport.subscribe(status_topic(FLEET, "dev-0"))
+    peer.send(1, 1)
+    play(engine, 1)
+    peer.send(2, 3)  # 2 is lost: dev-0 asks for a keyframe
+    play(engine, 2)
+    peer.send(3, 4)  # sent before dev-1 saw the request: no reason to ask again
+    play(engine, 3)
+    peer.send(4, 5)  # still no keyframe: the request (or its answer) was lost
+    play(engine, 4)
+    peer.send(5, 6, MessageKind.KEYFRAME)
+    last = play(engine, 5, final=True)
+    peer.bus.drain()
+
+    assert [n for n in needs if n] == [["dev-1"], ["dev-1"]]  # asked, then asked again
+    assert engine.need == frozenset() and needs[-1] == []
+    assert (last["recovered_by_keyframe"], last["lost"], last["unrepaired"]) == (4, 0, 0)
+
+
+def test_a_neighbour_merely_behind_is_not_suspected(
+    device: tuple[GossipEngine, ScriptedPeer],
+) -> None:
+    engine, peer = device
+    play(engine, 1)  # nothing from dev-1 in time: suspected (not waited for next round)
+    suspected_after_1 = set(engine._suspected)
+    peer.send(1, 1)  # ... but its round-1 message comes during round 2: it is alive
+    play(engine, 2)
+
+    assert suspected_after_1 == {"dev-1"}
+    assert engine._suspected == set()  # waited for again: no running ahead of it unmixed
 
 
 def test_a_repeated_sequence_is_a_duplicate_not_applied_twice(
