@@ -118,10 +118,16 @@ def parse_targets(text: str, count: int) -> list[int]:
             first, _, last = part.partition("-")
             chosen += range(int(first), int(last or first) + 1)
     except ValueError:
-        sys.exit(f"--targets: expected numbers and ranges like 0-5,7, got {text!r}")
+        _usage(f"--targets: expected numbers and ranges like 0-5,7, got {text!r}")
     if not chosen or not set(chosen) <= set(range(count)):
-        sys.exit(f"--targets: choose among 0-{count - 1}, got {text!r}")
+        _usage(f"--targets: choose among 0-{count - 1}, got {text!r}")
     return sorted(set(chosen))
+
+
+def _usage(message: str) -> None:
+    """Exit with one line and status 2, as argparse does for a bad option."""
+    print(f"fuzz_decoder: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main() -> None:
@@ -141,6 +147,8 @@ def main() -> None:
         help="atheris: where the seed corpus is written and new inputs are kept",
     )
     args = parser.parse_args()
+    if args.runs < 1:  # libFuzzer would read -1 as "forever", hypothesis refuses 0
+        _usage(f"--runs must be at least 1, got {args.runs}")
     logging.disable(logging.WARNING)  # every rejected input logs a warning in the agent
     fuzz = load(args.engine)
     targets = parse_targets(args.targets, len(fuzz.TARGETS))

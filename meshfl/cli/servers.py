@@ -336,6 +336,13 @@ def broker_config(
             port or 1883, host=host or "127.0.0.1", persistence_dir=persistence_dir
         )
         typer.echo(text, nl=False)
+        if persistence_dir is not None:  # else Mosquitto logs a permission error every autosave
+            typer.echo(
+                f"note: started as root, Mosquitto runs as user 'mosquitto': create"
+                f" {persistence_dir} and let that user write it (mkdir -p DIR && chown"
+                " mosquitto DIR), or nothing is saved",
+                err=True,
+            )
         return
     if out is None:
         raise ConfigError("--secure writes several files: pass --out DIR")

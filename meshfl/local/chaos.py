@@ -95,7 +95,7 @@ def parse_chaos(text: str) -> ChaosSpec:
         if key in values or (key == "seed" and seed is not None):
             raise ConfigError(f"--chaos: {key} is given twice; give it once")
         if key == "seed":
-            if not value.isdigit() or int(value) >= 2**32:
+            if not (value.isascii() and value.isdigit()) or int(value) >= 2**32:
                 raise ConfigError(f"--chaos seed={value}: use an integer in [0, 2^32)")
             seed = int(value)
         elif key in _PROBABILITIES or key == "delay":
@@ -133,7 +133,7 @@ def _partition(value: str) -> Partition:
         span = float(seconds) if colon else math.nan
     except ValueError:
         span = math.nan
-    if not at or not round_.strip().isdigit() or math.isnan(span):
+    if not at or not (round_.strip().isascii() and round_.strip().isdigit()) or math.isnan(span):
         raise ConfigError(usage)
     if not (math.isfinite(span) and 0 < span <= MAX_PARTITION_S):
         raise ConfigError(f"--chaos partition={value}: SECONDS must be in (0, {MAX_PARTITION_S:g}]")

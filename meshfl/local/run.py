@@ -249,7 +249,9 @@ def run_local(
         try:
             final_job, rounds, failed = monitor(admin, supervisor, job, config, hooks, churn)
         except KeyboardInterrupt:
-            raise _interrupted(config, admin, job, started, churn, proxies, dashboard) from None
+            raise _interrupted(
+                config, admin, job, started, churn, proxies, dashboard, chaos
+            ) from None
         except MeshflError:
             if secure is not None:
                 secure.check()  # a dead broker is the cause: say so
@@ -368,10 +370,13 @@ def _interrupted(
     churn: Churn,
     proxies: dict[str, ShapingProxy],
     dashboard: str | None,
+    chaos: ChaosFleet | None = None,
 ) -> Interrupted:
     """Stop the job, write the partial report, and say so (the caller stops the processes).
 
-    ``dashboard`` is the dashboard's URL without its token (``None``: no ``--dashboard``).
+    ``dashboard`` is the dashboard's URL without its token (``None``: no ``--dashboard``);
+    ``chaos`` the run's fault proxies (``None``: no ``--chaos``). The partial report has
+    the same ``chaos`` and ``ledger`` sections as a finished one, as far as they got.
     """
     try:
         final_job = admin.stop_job(job["job_id"])
@@ -384,6 +389,8 @@ def _interrupted(
         topology=topology, churn=churn.events, links=proxies, dashboard_url=dashboard,
     )  # fmt: skip
     report["status"] = "interrupted"
+    report["chaos"] = None if chaos is None else chaos.report()
+    report["ledger"] = _ledger(admin, job["job_id"])
     path, _ = write_report(config.out, report)
     return Interrupted(
         f"interrupted after round {len(rounds)}; every process of the run was stopped;"

@@ -302,6 +302,8 @@ def test_a_spec_parses_into_faults_a_seed_and_partitions() -> None:
         ("partition=device-2@5:0", "SECONDS must be in"),
         ("partition=laptop@5:10", "is not a device"),
         ("seed=-1", "use an integer"),
+        ("drop=0.1,seed=\u00b2", "use an integer"),  # str.isdigit() takes superscripts
+        ("partition=device-1@\u00b3:5", "use DEVICE@ROUND:SECONDS"),
         ("drop", "use KEY=VALUE pairs"),
         (",", "injects nothing"),
     ],

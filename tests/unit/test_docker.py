@@ -60,7 +60,23 @@ def test_the_broker_config_is_meshfl_broker_config_output() -> None:
     assert generated.exit_code == 0, generated.output
     header, note, body = (DOCKER / "mosquitto.conf").read_text().split("\n", 2)
     assert header.startswith("# Generated: meshfl broker config") and note.startswith("# (tests")
-    assert body == generated.output
+    assert body == generated.stdout
+    assert "chown mosquitto" in generated.stderr  # the persistence directory's owner
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--host", "127.0.0.1\nallow_anonymous true"], ["--persistence-dir", "/tmp/x\nlistener 1"]],
+)
+def test_a_newline_in_a_broker_config_value_is_refused(option: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from meshfl.errors import ConfigError
+
+    result = CliRunner().invoke(app, ["broker", "config", *option])
+    # meshfl's main() turns a ConfigError into one line and exit code 2
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "control character" in str(result.exception) and result.stdout == ""
 
 
 def test_every_service_has_a_health_check_that_is_a_real_command() -> None:

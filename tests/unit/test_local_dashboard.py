@@ -229,6 +229,11 @@ class _StoppingAdmin:
     def topology(self, job_id: str) -> None:
         return None
 
+    def ledger(self, job_id: str) -> Any:
+        from meshfl.errors import TransportError
+
+        raise TransportError("the coordinator went away")  # the report is written anyway
+
 
 def test_an_interrupted_run_s_report_records_its_dashboard_url(tmp_path: Path) -> None:
     config = LocalConfig(out=tmp_path, dashboard=True)
@@ -243,3 +248,5 @@ def test_an_interrupted_run_s_report_records_its_dashboard_url(tmp_path: Path) -
     assert "partial report in" in str(error)
     assert report["status"] == "interrupted"
     assert report["dashboard_url"] == "http://127.0.0.1:8123/ui"
+    # the same sections as a finished run's, as far as they got
+    assert report["chaos"] is None and report["ledger"] == {"error": "the coordinator went away"}

@@ -218,3 +218,24 @@ def test_a_sequence_number_far_ahead_is_a_gap_in_bounded_memory() -> None:
     inbox = check_inbox(split_message(far, HOSTILE_ID, 256), far)
     # Not applied: a gap (a keyframe is requested) or, if the ledger refuses it, a rejection
     assert inbox.stats.applied == 1 and inbox.stats.gaps + inbox.stats.rejected == 1
+
+
+def test_the_long_fuzz_run_script_runs_and_refuses_bad_options() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fuzz_decoder.py"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), "--engine", "hypothesis", *args],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    smoke = run("--runs", "40")
+    assert smoke.returncode == 0, smoke.stderr
+    assert "40 inputs, 0 crashes" in smoke.stdout
+    for bad in (["--runs", "0"], ["--targets", "99"], ["--targets", "x"]):
+        refused = run(*bad)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
