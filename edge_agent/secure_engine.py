@@ -560,6 +560,14 @@ class SecureEngine(Mailbox):
             raise WireError(f"a {env.kind.name} message from {src} on a secure inbox")
 
     def _on_input(self, src: str, env: Envelope) -> None:
+        # Addressing first: a masked input replayed to another aggregator is refused (and
+        # counted) whenever it arrives, also after the round was declared or forgotten.
+        if (
+            len(env.tensors) != 2
+            or env.tensors[0].name != f"masked:{self.device_id}"
+            or env.tensors[1].name != "masked_with"
+        ):
+            raise WireError(f"{src}'s masked input is not addressed to this aggregator")
         instance = self._instances.get(env.round)
         if instance is None:
             return  # a round already forgotten
@@ -571,12 +579,6 @@ class SecureEngine(Mailbox):
                 log.info("round %d: ignored %s's late masked input (declared dropped)",
                          env.round, src)  # fmt: skip
             return
-        if (
-            len(env.tensors) != 2
-            or env.tensors[0].name != f"masked:{self.device_id}"
-            or env.tensors[1].name != "masked_with"
-        ):
-            raise WireError(f"{src}'s masked input is not addressed to this aggregator")
         if src in instance.inputs:
             raise WireError(f"{src} sent a second masked input for round {env.round}")
         masked_with = json.loads(env.tensors[1].payload)

@@ -143,6 +143,7 @@ __all__ = [
     "JobSpec",
     "JobStatus",
     "KeyBundle",
+    "LedgerCounts",
     "LedgerRoundTotals",
     "LedgerRow",
     "LedgerTotals",
@@ -661,15 +662,13 @@ class RoundSummary(TypedDict):
     missing_devices: list[str]
 
 
-class LedgerRoundTotals(TypedDict):
-    """A round's delivery ledger summed over the devices that reported one.
+class LedgerCounts(TypedDict):
+    """The delivery-ledger counts every ledger view carries (docs/reliability.md).
 
-    The fields of :class:`RoundLedger` (``unrepaired`` summed too), plus ``rejected``
-    (the six ``rejected_*`` counts summed) and ``devices_reporting``.
+    The fields of :class:`RoundLedger` (``delivered_late`` always present) plus
+    ``rejected``, the six ``rejected_*`` counts summed.
     """
 
-    round: int
-    devices_reporting: int
     sent: int
     delivered: int
     applied: int
@@ -690,33 +689,25 @@ class LedgerRoundTotals(TypedDict):
     applied_twice: int
 
 
-class LedgerRow(TypedDict):
+class LedgerRoundTotals(LedgerCounts):
+    """A round's delivery ledger summed over the devices that reported one.
+
+    ``unrepaired`` is summed too; ``devices_reporting`` counts the reports.
+    """
+
+    round: int
+    devices_reporting: int
+
+
+class LedgerRow(LedgerCounts):
     """One device's delivery ledger for one round, as it reported it (plus ``rejected``)."""
 
     device_id: str
     name: str
     round: int
-    sent: int
-    delivered: int
-    applied: int
-    duplicates: int
-    rejected: int
-    rejected_malformed: int
-    rejected_signature: int
-    rejected_unsigned: int
-    rejected_replayed: int
-    rejected_stale: int
-    rejected_other: int
-    missing: int
-    awaiting_keyframe: int
-    delivered_late: int
-    recovered_by_keyframe: int
-    lost: int
-    unrepaired: int
-    applied_twice: int
 
 
-class LedgerTotals(TypedDict):
+class LedgerTotals(LedgerCounts):
     """A job's delivery ledger over the whole run (docs/reliability.md).
 
     Sums of every reported round, except: ``unrepaired`` sums each device's latest
@@ -729,25 +720,7 @@ class LedgerTotals(TypedDict):
 
     devices_reporting: int
     rounds_reported: int
-    sent: int
-    delivered: int
-    applied: int
-    duplicates: int
-    rejected: int
-    rejected_malformed: int
-    rejected_signature: int
-    rejected_unsigned: int
-    rejected_replayed: int
-    rejected_stale: int
-    rejected_other: int
-    missing: int
-    awaiting_keyframe: int
-    delivered_late: int
-    recovered_by_keyframe: int
-    lost: int
-    unrepaired: int
     unrecovered_losses: int
-    applied_twice: int
     corrupted_applied: int
 
 
