@@ -39,6 +39,7 @@ COUNTS = (
     "lost",
     "unrepaired",
     "applied_twice",
+    "retransmitted",
 )
 """The counts of a :class:`~meshfl.contract.RoundLedger`, in the order shown."""
 

@@ -19,7 +19,10 @@ Delivery is at least once (MQTT QoS 1, persistent sessions); the engine applies 
 message exactly once by ``(sender, sequence)``. Messages for a future round are held
 until the device reaches it; a CHOCO difference that arrives late is still applied
 (replica updates are additive) unless a keyframe applied since already holds it, a D-PSGD
-model older than the one held is dropped.
+model older than the one held is dropped. A message lost in spite of QoS 1 (the broker
+acknowledged it and then dropped it) is asked for again while the round waits, and the
+sender re-sends it from its :class:`~edge_agent.outbox.Outbox` on the receiver's inbox
+topic (negative acknowledgements; :mod:`edge_agent.outbox`).
 
 **Keyframes.** A CHOCO replica needs every difference of its peer since a known state.
 A device that lacks one — a neighbour new to it after a topology change, a joiner, a
@@ -55,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.inbox import EngineStats, Inbox
+from edge_agent.outbox import KEEP_ROUNDS, Outbox, repair_request
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
@@ -67,6 +71,8 @@ from meshfl.wire import (
     MessageKind,
     control_topic,
     delta_topic,
+    inbox_filter,
+    inbox_topic,
     new_message_id,
     split_message,
     status_topic,
@@ -79,6 +85,9 @@ log = logging.getLogger("meshfl.agent.engine")
 
 Params = Mapping[str, np.ndarray]
 MODES = ("sync", "async")
+MIN_REPAIR_AFTER_S = 0.2
+MAX_REPAIR_AFTER_S = 2.0
+"""Bounds of ``repair_after_s`` (deadline / 8 between them)."""
 
 
 def status_payload(
@@ -127,11 +136,18 @@ class GossipEngine(Inbox):
     verifier
         Verifies neighbours' envelopes (:class:`~edge_agent.signing.Verifier`); ``None``
         (default): nothing is verified.
+    first_sequence
+        Sequence number of the last message this device published in the job before
+        this engine (default 0: none; the first message is 1). A device resumed from a
+        checkpoint (:mod:`edge_agent.checkpoint`) passes one above anything it may have
+        published; its first message is then a KEYFRAME, since its neighbours' replicas
+        of it may be ahead of its checkpoint.
 
     Raises
     ------
     ConfigError
-        An unknown mode, a negative staleness or a quorum outside (0, 1].
+        An unknown mode, a negative staleness, a quorum outside (0, 1] or a negative
+        ``first_sequence``.
 
     """
 
@@ -152,7 +168,12 @@ class GossipEngine(Inbox):
         clock: Callable[[], float] = time.monotonic,
         signer: Sign | None = None,
         verifier: Verifier | None = None,
+        first_sequence: int = 0,
     ) -> None:
+        if isinstance(first_sequence, bool) or not isinstance(first_sequence, int):
+            raise ConfigError(f"first_sequence must be an integer, got {first_sequence!r}")
+        if first_sequence < 0:
+            raise ConfigError(f"first_sequence must be >= 0, got {first_sequence}")
         if mode not in MODES:
             raise ConfigError(f"unknown gossip mode {mode!r}; use sync or async")
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
@@ -175,7 +196,13 @@ class GossipEngine(Inbox):
         self.max_payload = max_payload
         self.mode, self.staleness, self.quorum = mode, staleness, float(quorum)
         self._row: dict[str, float] | None = None  # this round's neighbours (row of W)
-        self._sequence = 0
+        self._sequence = first_sequence
+        self._keyframe_due = first_sequence > 0  # resumed: reset the neighbours' replicas
+        self.outbox = Outbox(keep_rounds=max(KEEP_ROUNDS, staleness + 1))
+        self.repair_after_s = min(max(deadline_s / 8, MIN_REPAIR_AFTER_S), MAX_REPAIR_AFTER_S)
+        """Seconds a sync round waits for a neighbour's message before asking for it again."""
+        self._next_repair: dict[str, float] = {}  # peer → earliest time of its next request
+        self._served: dict[str, float] = {}  # peer → when its last request was answered
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -188,6 +215,7 @@ class GossipEngine(Inbox):
         """
         self.transport.set_handler(self._on_message)
         self.transport.subscribe(control_topic(self.fleet), qos=1)
+        self.transport.subscribe(inbox_filter(self.fleet, self.device_id), qos=1)
         for n in sorted(self.peers):
             self._subscribe(n)
         self._started = True
@@ -225,6 +253,7 @@ class GossipEngine(Inbox):
                 self._subscribe(peer)
         self.ledger.track(fresh)
         self.ledger.untrack(self.peers - set(peers))
+        self.outbox.forget(self.peers - set(peers))
         for peer in self.peers - set(peers):
             self._early.pop(peer, None)
         self.peers = set(peers)
@@ -294,9 +323,11 @@ class GossipEngine(Inbox):
         for r in sorted(k for k in self._held if k <= round_):
             for env in self._held.pop(r):
                 self._apply(env)
-        deadline = self.clock() + self.deadline_s
+        published = self.clock()
+        deadline = published + self.deadline_s
         slow = set(no_wait) & row
         while not self._round_complete(round_, row - slow):
+            self._request_repairs(round_, row - slow, published)
             if not self._wait_one(deadline):
                 break
         self.drain()
@@ -315,6 +346,11 @@ class GossipEngine(Inbox):
         if missing:
             log.debug("round %d: mixing without %s", round_, ", ".join(missing))
         return self.algorithm.mix(x, mixed), missing
+
+    @property
+    def sequence(self) -> int:
+        """Sequence number of the latest message published (``first_sequence``: none yet)."""
+        return self._sequence
 
     def frontier(self) -> int:
         """The latest round any current neighbour has sent (0: none yet)."""
@@ -389,8 +425,57 @@ class GossipEngine(Inbox):
         message = encode_envelope(env, self.signer)
         self.ledger.counts.sent += 1
         size = self.transport.chunk_size(topic, self.max_payload)  # the broker may allow less
-        for chunk in split_message(message, env.message_id, size):
+        chunks = split_message(message, env.message_id, size)
+        self.outbox.add(self._sequence, round_, chunks, self.peers - self._offline)
+        for chunk in chunks:
             self.transport.publish(topic, chunk, qos=1)
+
+    # -- repairs (edge_agent.outbox) ----------------------------------------------------
+
+    def _request_repairs(self, round_: int, row: set[str], published: float) -> None:
+        """Ask neighbours whose message of ``round_`` is overdue to send it again.
+
+        A neighbour is asked once ``repair_after_s`` passed since this device published
+        (at once when a later message of it came first), then every ``repair_after_s``
+        while the round waits. A neighbour awaiting a keyframe is not asked: the keyframe
+        request (the status topic) repairs it.
+        """
+        now = self.clock()
+        answered = self._answered.get(round_, set())
+        overdue = now - published >= self.repair_after_s
+        for peer in sorted(row - self._offline - self._need - self._suspected):
+            if now < self._next_repair.get(peer, 0.0):
+                continue
+            if not (peer in self._early or (overdue and peer not in answered)):
+                continue
+            self._next_repair[peer] = now + self.repair_after_s
+            after = self._last_seq.get(peer, 0)
+            self.transport.publish(
+                inbox_topic(self.fleet, peer, self.device_id),
+                repair_request(self.job_id, after),
+                qos=1,
+            )
+            self.stats.repairs_requested += 1
+            log.debug("round %d: asked %s for its messages after %d", round_, peer, after)
+
+    def _on_repair_request(self, peer: str, after: int) -> None:
+        """Re-send ``peer`` the kept messages after ``after``, on its inbox topic.
+
+        At most one answer per peer every ``MIN_REPAIR_AFTER_S / 2`` seconds (honest
+        peers ask every ``repair_after_s``): a flood of requests re-sends nothing more.
+        """
+        kept = self.outbox.after(peer, after)  # acknowledges what the peer holds
+        now = self.clock()
+        if not kept or now - self._served.get(peer, -1e9) < MIN_REPAIR_AFTER_S / 2:
+            return
+        self._served[peer] = now
+        topic = inbox_topic(self.fleet, peer, self.device_id)
+        for sequence, entry in kept:
+            for chunk in entry.chunks:
+                self.transport.publish(topic, chunk, qos=1)
+            self.stats.resent += 1
+            self.ledger.counts.retransmitted += 1
+            log.debug("re-sent message %d (round %d) to %s", sequence, entry.round, peer)
 
     def _unknown(self) -> set[str]:
         """Peers awaiting a keyframe without any replica (not waited for, not suspected)."""

@@ -6,6 +6,11 @@ future round), their statuses (online, offline, ready, the keyframes they ``need
 control-topic messages — and the requests for keyframes this device makes when it lacks
 a replica. :class:`~edge_agent.engine.GossipEngine` adds publishing and rounds.
 
+The device's own inbox topics (``.../node/{me}/inbox/{peer}``) carry the neighbours'
+repair requests and the messages they re-send on this device's requests
+(:mod:`edge_agent.outbox`); a re-sent message goes through the same reassembly, checks and
+``(sender, sequence)`` bookkeeping as one from the delta topic.
+
 The transport's network thread only puts ``(topic, payload)`` pairs on a queue; all
 handling happens on the thread that calls :meth:`Inbox.drain` or the engine's waits.
 
@@ -42,6 +47,7 @@ from typing import Any
 
 from edge_agent.ledger import DeliveryLedger
 from edge_agent.mailbox import Mailbox
+from edge_agent.outbox import parse_repair_request
 from edge_agent.signing import RejectLog, ReplayWindow, Verdict, Verifier
 from meshfl.aggregation import GossipAlgorithm
 from meshfl.errors import MeshflError
@@ -78,6 +84,8 @@ class EngineStats:
     unsigned: int = 0  # signed job: envelopes without a signature
     bad_signature: int = 0  # signed job: signature invalid, or the sender has no key
     replayed: int = 0  # signed job: a (sender, sequence) or round already used up
+    repairs_requested: int = 0  # repair requests this device sent (edge_agent.outbox)
+    resent: int = 0  # messages this device re-sent on neighbours' repair requests
     rejected_reasons: list[str] = field(default_factory=list)
 
 
@@ -231,10 +239,30 @@ class Inbox(Mailbox):
                 message = self._reassembler.feed(payload)
                 if message is not None:
                     self._on_envelope(info.device, decode_envelope_signed(message), topic)
+            elif info.kind == "inbox" and info.device == self.device_id:
+                self._on_inbox(info.peer, topic, payload)
         except MeshflError as exc:
-            if kind == "delta":  # a chunk or envelope that did not decode
+            if kind in ("delta", "inbox"):  # a chunk or envelope that did not decode
                 self.ledger.counts.rejected_malformed += 1
             self._reject(f"dropped a message on {topic}: {exc}")
+
+    def _on_inbox(self, peer: str | None, topic: str, payload: bytes) -> None:
+        """A neighbour's repair request, or its message re-sent on request (the outbox)."""
+        request = parse_repair_request(payload)
+        if request is not None:
+            job, after = request
+            if job == self.job_id and peer in self.peers:
+                self._on_repair_request(peer, after)
+            else:
+                self.stats.foreign += 1
+            return
+        message = self._reassembler.feed(payload)
+        if message is not None:
+            self._on_envelope(peer, decode_envelope_signed(message), topic)
+
+    def _on_repair_request(self, peer: str, after: int) -> None:
+        """Re-send ``peer`` this device's kept messages after ``after`` (the engine does)."""
+        raise NotImplementedError
 
     def _on_control(self, payload: bytes) -> None:
         try:

@@ -56,6 +56,7 @@ class LedgerCounts:
     recovered_by_keyframe: int = 0
     lost: int = 0
     applied_twice: int = 0
+    retransmitted: int = 0
 
 
 MAX_GAP = 1_000_000

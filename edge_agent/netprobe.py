@@ -151,7 +151,8 @@ def measure_link(
     fleet, device_id : str
         Name the probe topic, ``meshfl/v1/{fleet}/node/{device_id}/probe``.
     payload_bytes : int, default 64 KiB
-        Size of each burst message (at least the 17-byte probe header).
+        Size of each burst message (at least the 17-byte probe header; at most the
+        broker's payload limit on the probe topic, ``Transport.payload_limit``).
     rounds : int, default 5
         Number of pings, and number of burst messages.
     timeout_s : float, default 5.0
@@ -173,7 +174,11 @@ def measure_link(
     """
     topic = probe_topic(fleet, device_id)
     rounds = max(1, int(rounds))
-    payload_bytes = max(_HEADER.size, int(payload_bytes))
+    # A broker that announced a smaller Maximum Packet Size would refuse the burst: the
+    # probe stays under it (the figure is still bytes per second, from smaller messages).
+    limit = transport.payload_limit(topic)
+    payload_bytes = int(payload_bytes) if limit is None else min(int(payload_bytes), limit)
+    payload_bytes = max(_HEADER.size, payload_bytes)
     clock = time.perf_counter
     deadline = clock() + timeout_s
     token = secrets.token_bytes(8)

@@ -89,6 +89,7 @@ from meshfl.wire import (
     Reassembler,
     TensorEntry,
     control_topic,
+    inbox_filter,
     inbox_topic,
     new_message_id,
     parse_topic,
@@ -261,8 +262,7 @@ class SecureEngine(Mailbox):
         """Subscribe to this device's inbox, its neighbours' statuses and the control topic."""
         self.transport.set_handler(self._on_message)
         self.transport.subscribe(control_topic(self.fleet), qos=1)
-        inbox = inbox_topic(self.fleet, self.device_id, self.device_id)
-        self.transport.subscribe(inbox.rsplit("/", 1)[0] + "/+", qos=1)
+        self.transport.subscribe(inbox_filter(self.fleet, self.device_id), qos=1)
         for peer in sorted(self.correspondents):
             self.transport.subscribe(status_topic(self.fleet, peer), qos=1)
         self._status({"state": "online", "job": self.job_id, "round": 0})

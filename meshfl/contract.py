@@ -576,6 +576,8 @@ class RoundLedger(TypedDict):
     lost: int  # missing or awaiting messages given up on (last round, or peer dropped)
     unrepaired: int
     applied_twice: int  # (sender, sequence) pairs applied again: 0 unless a bug
+    # envelopes this device re-sent on neighbours' repair requests; absent from older agents
+    retransmitted: NotRequired[int]
 
 
 class DeviceDone(TypedDict):
@@ -687,6 +689,7 @@ class LedgerCounts(TypedDict):
     lost: int
     unrepaired: int
     applied_twice: int
+    retransmitted: int
 
 
 class LedgerRoundTotals(LedgerCounts):

@@ -138,7 +138,8 @@ def build_report(
 
 _LEDGER_ROUND = ("round", "devices_reporting", "sent", "delivered", "applied", "duplicates",
                  "rejected", "missing", "awaiting_keyframe", "delivered_late",
-                 "recovered_by_keyframe", "lost", "unrepaired", "applied_twice")  # fmt: skip
+                 "recovered_by_keyframe", "lost", "unrepaired", "applied_twice",
+                 "retransmitted")  # fmt: skip
 
 
 def ledger_section(ledger: JobLedger) -> dict[str, Any]:
@@ -164,6 +165,7 @@ def ledger_line(section: dict[str, Any]) -> str:
         f"ledger: {t['sent']} sent, {t['applied']} applied, {t['applied_twice']} applied"
         f" twice, {t['duplicates']} duplicates dropped, {t['rejected']} rejected,"
         f" {t.get('delivered_late', 0)} delivered late,"
+        f" {t.get('retransmitted', 0)} re-sent on request,"
         f" {t['recovered_by_keyframe']} recovered by keyframe,"
         f" {t['unrecovered_losses']} lost"
     )

@@ -30,6 +30,7 @@ __all__ = [
     "TopicKind",
     "control_topic",
     "delta_topic",
+    "inbox_filter",
     "inbox_topic",
     "parse_topic",
     "probe_topic",
@@ -97,6 +98,11 @@ def probe_topic(fleet: str, device: str) -> str:
 def inbox_topic(fleet: str, dst: str, src: str) -> str:
     """Return ``meshfl/v1/{fleet}/node/{dst}/inbox/{src}``; raises ConfigError on a bad id."""
     return f"{_node(fleet, dst)}/inbox/{validate_id(src, 'source device id')}"
+
+
+def inbox_filter(fleet: str, dst: str) -> str:
+    """Return ``meshfl/v1/{fleet}/node/{dst}/inbox/+``: every inbox topic of ``dst``."""
+    return f"{_node(fleet, dst)}/inbox/+"
 
 
 def control_topic(fleet: str) -> str:

@@ -157,6 +157,6 @@ def test_report_json_carries_the_ledger_and_the_summary_line(
     assert section["rounds"][0]["rejected"] == 1 and "device_id" not in section["rounds"][0]
     assert ledger_line(section) == (
         "ledger: 2 sent, 4 applied, 0 applied twice, 4 duplicates dropped, 1 rejected,"
-        " 0 delivered late, 1 recovered by keyframe, 0 lost"
+        " 0 delivered late, 0 re-sent on request, 1 recovered by keyframe, 0 lost"
     )
     assert ledger_line({"error": "refused (404)"}) == "ledger: not available (refused (404))"

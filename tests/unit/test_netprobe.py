@@ -54,6 +54,29 @@ def test_memory_bus_gives_finite_positive_rtt_and_throughput(bus: MemoryBroker) 
     t.close()
 
 
+class SmallPacketTransport(MemoryTransport):
+    """A bus whose broker announced a 4 KiB payload limit and refuses anything larger."""
+
+    def payload_limit(self, topic: str) -> int | None:
+        return 4096
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        if len(payload) > 4096:
+            raise AssertionError(f"{len(payload)} bytes published over the broker's limit")
+        super().publish(topic, payload, qos=qos, retain=retain)
+
+
+def test_the_burst_stays_under_the_brokers_payload_limit(bus: MemoryBroker) -> None:
+    t = SmallPacketTransport(bus)
+    t.connect("dev-0")
+
+    link = measure_link(t, "lab", "dev-0", rounds=3, timeout_s=5.0)  # 64 KiB asked
+
+    assert link.burst_delivered == 3
+    assert link.uplink_bytes_per_s is not None and link.uplink_bytes_per_s > 0
+    t.close()
+
+
 def test_dropped_probe_messages_give_none_within_the_timeout(bus: MemoryBroker) -> None:
     t = DroppingTransport(bus)
     t.connect("dev-0")

@@ -211,6 +211,7 @@ const LEDGER_COLUMNS = [
   ["applied", "applied"],
   ["duplicates", "duplicates"],
   ["rejected", "rejected"],
+  ["retransmitted", "re-sent"],
   ["delivered_late", "late"],
   ["recovered_by_keyframe", "recovered"],
   ["lost", "lost"],

@@ -1,0 +1,163 @@
+"""What a device sent, kept for its neighbours' repair requests (selective repeat).
+
+A gossip message travels once, on the sender's delta topic, at MQTT QoS 1. QoS 1 is
+hop-by-hop: a message the broker dropped (a full queue, a crash before its autosave) or
+that a faulty link lost inside a live connection is never delivered again, and in a
+synchronous round the receiver would mix without its sender. So each device keeps its
+recent messages in an :class:`Outbox`, and a receiver that still lacks a neighbour's
+message while it waits for it asks for it again:
+
+- the **repair request** (:func:`repair_request`) is a small JSON object
+  ``{"job": JOB, "after": s}`` published on the sender's per-edge inbox topic
+  ``meshfl/v1/{fleet}/node/{sender}/inbox/{receiver}``; ``s`` is the sequence number up
+  to which the receiver holds every message of the sender. The broker's ACL lets a device
+  write only inbox topics whose source is itself, so the topic authenticates the request;
+- the sender answers with every kept message after ``s`` (:meth:`Outbox.after`), chunk
+  for chunk as first sent, on the receiver's inbox topic
+  ``meshfl/v1/{fleet}/node/{receiver}/inbox/{sender}``; the receiver's reassembler and
+  its ``(sender, sequence)`` bookkeeping make a copy that was not needed a counted
+  duplicate, never a second application;
+- a request is also an **acknowledgement**: the receiver holds everything up to ``s``.
+  A message is kept until every neighbour it was sent to acknowledged it or it is more
+  than ``keep_rounds`` rounds old, when a keyframe (requested through the status topic,
+  :mod:`edge_agent.inbox`) is the cheaper repair.
+
+This is the negative-acknowledgement repair of reliable multicast (SRM, Floyd et al.,
+IEEE/ACM ToN 5(6), 1997; NORM, RFC 5740): receivers ask only for what they lack, so a
+loss-free round costs no acknowledgement traffic. The outbox lives in memory: after an
+agent restart its first message is a keyframe (docs/reliability.md, "Checkpoints and
+resume"), which replaces every difference it sent before — there is nothing left that an
+outbox on disk could usefully re-send.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+__all__ = ["Outbox", "OutboxEntry", "parse_repair_request", "repair_request"]
+
+KEEP_ROUNDS = 3
+"""Default rounds a message is kept for repair requests after the round it belongs to."""
+MAX_REQUEST_BYTES = 512
+"""Largest repair request read; anything longer is not one."""
+
+
+@dataclass
+class OutboxEntry:
+    """One sent message: its round, its chunks as published, who has not acknowledged it."""
+
+    round: int
+    chunks: list[bytes]
+    pending: set[str] = field(default_factory=set)
+
+    @property
+    def size(self) -> int:
+        """Bytes held (the chunks' payloads)."""
+        return sum(len(c) for c in self.chunks)
+
+
+class Outbox:
+    """The messages a device sent, by sequence number, until acknowledged or too old.
+
+    Parameters
+    ----------
+    keep_rounds : int, default 3
+        A message of round r is dropped once the device publishes a message of round
+        ``r + keep_rounds + 1``, acknowledged or not.
+    max_bytes : int, default 64 MiB
+        Bound on the chunks held; the oldest messages go first when a new one would cross
+        it (the newest message is always kept).
+
+    """
+
+    def __init__(self, keep_rounds: int = KEEP_ROUNDS, max_bytes: int = 64 << 20) -> None:
+        self.keep_rounds = keep_rounds
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, OutboxEntry] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of chunks held now."""
+        return self._bytes
+
+    def add(self, sequence: int, round_: int, chunks: list[bytes], peers: Collection[str]) -> None:
+        """Keep message ``sequence`` of ``round_`` (its ``chunks``) for ``peers``.
+
+        Messages older than ``keep_rounds`` before ``round_`` are dropped, then the oldest
+        ones while the bytes held exceed ``max_bytes``.
+        """
+        entry = OutboxEntry(round_, list(chunks), set(peers))
+        if not entry.pending:
+            self._expire(round_)
+            return
+        self._entries[sequence] = entry
+        self._bytes += entry.size
+        self._expire(round_)
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            self._pop(next(iter(self._entries)))
+
+    def after(self, peer: str, sequence: int) -> list[tuple[int, OutboxEntry]]:
+        """The kept messages after ``sequence`` that ``peer`` was sent, oldest first.
+
+        ``peer`` holds every message up to ``sequence``: those stop waiting for it (and
+        are dropped once nobody else is pending).
+        """
+        wanted: list[tuple[int, OutboxEntry]] = []
+        for seq in list(self._entries):
+            entry = self._entries[seq]
+            if peer not in entry.pending:
+                continue
+            if seq <= sequence:
+                entry.pending.discard(peer)
+                if not entry.pending:
+                    self._pop(seq)
+            else:
+                wanted.append((seq, entry))
+        return wanted
+
+    def forget(self, peers: Collection[str]) -> None:
+        """Stop keeping messages for ``peers`` (no longer neighbours, or offline)."""
+        gone = set(peers)
+        for seq in list(self._entries):
+            entry = self._entries[seq]
+            entry.pending -= gone
+            if not entry.pending:
+                self._pop(seq)
+
+    def _expire(self, round_: int) -> None:
+        for seq in [s for s, e in self._entries.items() if e.round < round_ - self.keep_rounds]:
+            self._pop(seq)
+
+    def _pop(self, sequence: int) -> None:
+        entry = self._entries.pop(sequence)
+        self._bytes -= entry.size
+
+
+def repair_request(job: str, after: int) -> bytes:
+    """The payload of a repair request: resend ``job``'s messages after sequence ``after``."""
+    return json.dumps({"job": job, "after": after}, separators=(",", ":")).encode()
+
+
+def parse_repair_request(payload: bytes) -> tuple[str, int] | None:
+    """``(job, after)`` of a repair request; ``None`` if ``payload`` is not one."""
+    if len(payload) > MAX_REQUEST_BYTES or not payload.startswith(b"{"):
+        return None
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    job, after = body.get("job"), body.get("after")
+    if not isinstance(job, str) or isinstance(after, bool) or not isinstance(after, int):
+        return None
+    if not 0 <= after < 2**64:
+        return None
+    return job, after
