@@ -49,7 +49,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -316,9 +315,10 @@ def window_cpu(
 
 
 def stack() -> str:
-    """The HTTP stack the server runs on (uvicorn picks uvloop/httptools when installed)."""
-    loop = "uvloop" if find_spec("uvloop") else "asyncio"
-    http = "httptools" if find_spec("httptools") else "h11"
+    """The HTTP stack the server runs on (``coordinator.server.http_stack``)."""
+    from coordinator.server import http_stack
+
+    loop, http = http_stack()
     return f"uvicorn 1 worker, {loop} loop, {http} parser"
 
 

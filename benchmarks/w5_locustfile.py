@@ -4,7 +4,9 @@ Run by ``benchmarks/w5_coordinator.py`` (not on its own); it passes, through the
 environment:
 
 - ``W5_DEVICES``: a file of ``device_id token`` lines, one per device;
-- ``W5_RATE``: heartbeats a second per device (``constant_throughput``);
+- ``W5_RATE``: heartbeats a second per device (``constant_throughput``), each device's
+  first one at a random moment (uniform, seeded) of its first period, so that the
+  devices beat at independent phases: a steady total rate, not bursts;
 - ``W5_WARMUP_S``, ``W5_SECONDS``: once every user is spawned, ``W5_WARMUP_S`` seconds
   pass, then requests sent in the next ``W5_SECONDS`` seconds are recorded; locust
   quits 2 s later (the last answers arrive);
@@ -25,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,8 @@ _NEXT = itertools.count()
 _WARMUP_S = float(os.environ.get("W5_WARMUP_S", "5"))
 _SECONDS = float(os.environ.get("W5_SECONDS", "60"))
 _KEEPALIVE = os.environ.get("W5_KEEPALIVE", "0") == "1"
+_RATE = float(os.environ.get("W5_RATE", "0.1"))  # heartbeats a second per device
+_PHASES = random.Random(0)  # each device's first heartbeat: uniform over one period
 _WINDOW = [float("inf"), float("inf")]  # [start, end) unix s, set once users are spawned
 _SAMPLES: list[tuple[float, float, int]] = []  # (sent at, latency ms, ok)
 _ENV: list[Environment] = []
@@ -86,7 +91,7 @@ def _dump(**_: Any) -> None:
 class Device(FastHttpUser):
     """One enrolled device sending heartbeats with its own token."""
 
-    wait_time = constant_throughput(float(os.environ.get("W5_RATE", "0.1")))
+    wait_time = constant_throughput(_RATE)
 
     def on_start(self) -> None:
         """Take the next device of the list: its heartbeat path and its token."""
@@ -95,6 +100,11 @@ class Device(FastHttpUser):
         self.headers = {"Authorization": f"Bearer {token}"}
         if not _KEEPALIVE:
             self.headers["Connection"] = "close"
+        # A random phase in the heartbeat period: locust starts a whole second's batch
+        # of users at once, and constant_throughput keeps each user's phase, so without
+        # this the devices would beat in bursts (1,000 within a few ms every 10 s)
+        # instead of at a steady 1,000/s.
+        gevent.sleep(_PHASES.uniform(0.0, 1.0 / _RATE))
 
     @task
     def heartbeat(self) -> None:

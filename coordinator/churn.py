@@ -14,6 +14,16 @@ reports (:func:`departures`): by silence (``depart_after_s``), by the evidence o
 neighbour's ``missing`` lists (a killed agent, whose Last Will its neighbours saw), or by
 battery (:func:`battery_departure`). :func:`elastic_job` finds the job an idle device
 may join.
+
+**Re-admission.** A participant taken out for silence or on its neighbours' evidence
+(its agent was killed, or the device rebooted or lost its network) that asks for its
+assignment again is taken back (:func:`may_rejoin`, ``replan(rejoin=...)``): its
+participation is reopened — same ``index``, ``joined_round`` the new version's
+``from_round``, ``left_round`` cleared — and a new version adds it back as a join with
+reason :data:`REJOINED`. This holds whether or not the job is ``elastic``: a device that
+rebooted is not a new member, and its agent resumes from its checkpoint. A device that
+left for its battery, was drained or revoked, or said it stopped (posted done after it
+was taken out, :data:`LEFT_ACKNOWLEDGED`) is never taken back.
 """
 
 from __future__ import annotations
@@ -39,20 +49,34 @@ from coordinator.planning import (
     with_no_wait,
 )
 from coordinator.settings import CoordinatorSettings
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import JobSpec, TopologyEvent, TopologyEventKind
 from meshfl.topology import Graph, add_node, exponential, one_peer_exponential, remove_node
 
 __all__ = [
+    "LEFT_ACKNOWLEDGED",
     "MISSED_BY_ALL",
+    "REJOINED",
     "battery_departure",
     "departures",
     "elastic_job",
+    "may_rejoin",
     "next_from_round",
     "replan",
 ]
 
 MISSED_BY_ALL = "missed by all neighbours (Last Will or silence)"
 """Reason recorded when a device leaves on its neighbours' evidence."""
+
+SILENT = "silent for"
+"""How the reasons of a departure by silence begin (``"silent for 61 s"``)."""
+
+REJOINED = "rejoined"
+"""Reason of the join event of a participant taken back after it was taken out."""
+
+LEFT_ACKNOWLEDGED = "left_acknowledged"
+"""Key set in a departed participant's ``final`` when its agent posted done afterwards:
+it knows it left and stopped, so it is not taken back."""
 
 
 def next_from_round(session: Session, job: Job) -> int:
@@ -79,6 +103,7 @@ def replan(
     *,
     add: Sequence[Device] | None = None,
     remove: Mapping[str, str] | None = None,
+    rejoin: Sequence[Device] | None = None,
     control: Control | None = None,
 ) -> list[JobDevice]:
     """Remove and add devices of a running job; each device changed is one new version.
@@ -100,13 +125,19 @@ def replan(
         Participants that leave: ``left_round = from_round`` and, unless already done,
         ``done`` with ``final = {"error": "left at round R: <reason>"}``. A device not in
         the current version is skipped. When the last device leaves, the job stops.
+    rejoin : sequence of Device, optional
+        Former participants taken back (see :func:`may_rejoin`, checked by the caller):
+        each participation is reopened — ``index`` kept, ``joined_round = from_round``,
+        ``left_round``, ``done`` and ``final`` cleared — and the device is added as a
+        join (reason :data:`REJOINED`). A device still in the current version, or with
+        no participation that left, is skipped.
     control : Control, optional
         Serialises changes and announces the new version (:meth:`Control.announce`).
 
     Returns
     -------
     list of JobDevice
-        The participations created for ``add``.
+        The participations created for ``add`` and reopened for ``rejoin``.
 
     """
     control = control or Control(fleet="")
@@ -116,7 +147,7 @@ def replan(
         if job.status not in store.ACTIVE_STATUSES or job.topology is None:
             return []
         before = int(job.topology.get("version", 1))
-        added = _apply(session, job, now, list(add or ()), dict(remove or {}))
+        added = _apply(session, job, now, list(add or ()), dict(remove or {}), list(rejoin or ()))
         session.commit()
     if int((job.topology or {}).get("version", 1)) != before:
         control.announce(job)
@@ -124,7 +155,12 @@ def replan(
 
 
 def _apply(
-    session: Session, job: Job, now: float, add: list[Device], remove: dict[str, str]
+    session: Session,
+    job: Job,
+    now: float,
+    add: list[Device],
+    remove: dict[str, str],
+    rejoin: list[Device],
 ) -> list[JobDevice]:
     spec: JobSpec = job.spec  # type: ignore[assignment]
     topo: dict[str, Any] = dict(job.topology or {})
@@ -151,8 +187,10 @@ def _apply(
         devices.pop(position)
         graph = exponential(len(devices)) if one_peer else remove_node(graph, position)[0]
     added: list[JobDevice] = []
-    for device in add if job.status == "running" else ():
-        if device.id in rows:
+    joining = [(d, False) for d in add] + [(d, True) for d in rejoin]
+    for device, back in joining if job.status == "running" else ():
+        row = rows.get(device.id)
+        if device.id in devices or not _may_open(row, back):
             continue
         members = store.get_devices(session, devices)
         if one_peer:
@@ -161,19 +199,25 @@ def _apply(
             graph = add_node(graph, _mean_degree(graph), uplinks(members))
         devices.append(device.id)
         plans[device.id] = device_plans(spec, [*members, device]).get(device.id, DEFAULT_PLAN)
-        row = JobDevice(
-            job_id=job.id,
-            device_id=device.id,
-            index=max((r.index for r in rows.values()), default=-1) + 1,
-            done=False,
-            final=None,
-            last_activity=now,
-            joined_round=start,
-        )
-        session.add(row)
+        if row is None:
+            row = JobDevice(
+                job_id=job.id,
+                device_id=device.id,
+                index=max((r.index for r in rows.values()), default=-1) + 1,
+                done=False,
+                final=None,
+                last_activity=now,
+                joined_round=start,
+            )
+            session.add(row)
+        else:  # reopened: the same index, so the same data shuffles
+            row.done, row.final, row.left_round = False, None, None
+            row.joined_round, row.last_activity = start, now
         rows[device.id], version = row, version + 1
         added.append(row)
-        events.append(_event(version, start, "join", device.id, "joined", now))
+        events.append(
+            _event(version, start, "join", device.id, REJOINED if back else "joined", now)
+        )
     if version == int(topo.get("version", 1)):
         return added
     members = store.get_devices(session, devices)
@@ -305,3 +349,45 @@ def elastic_job(session: Session, device: Device) -> Job | None:
             continue
         return job
     return None
+
+
+def may_rejoin(session: Session, job: Job, row: JobDevice, device: Device) -> bool:
+    """Whether ``device``, taken out of ``job`` while it was silent, may be taken back now.
+
+    All of: the job is running; ``row`` (the device's participation) left and its agent
+    did not post done since (:data:`LEFT_ACKNOWLEDGED`); the device is ``active`` (not
+    draining or revoked); its latest departure was for silence or on its neighbours'
+    evidence (:func:`departures`), not for its battery nor by an operator; the change
+    would apply from a round within ``spec.rounds``; it is not low on battery by the
+    job's ``min_battery_percent``; the job is not a secure-aggregation one (a restarted
+    device lost its per-job keys, ``docs/privacy.md``, "Limits").
+    """
+    spec = job.spec
+    topo = job.topology
+    if job.status != "running" or topo is None or row.left_round is None:
+        return False
+    if device.state != "active" or (row.final or {}).get(LEFT_ACKNOWLEDGED):
+        return False
+    if device.id in topo["devices"] or not _left_for_silence(topo, device.id):
+        return False
+    if PrivacyOptions.from_spec(spec).secure:
+        return False
+    if next_from_round(session, job) > int(spec["rounds"]):
+        return False
+    return not battery_reasons([device], float(spec.get("min_battery_percent", 0.0)))
+
+
+def _left_for_silence(topo: Mapping[str, Any], device_id: str) -> bool:
+    """Whether the device's latest leave event was for silence or on evidence."""
+    leaves = [
+        e for e in topo.get("events", []) if e["kind"] == "leave" and e["device_id"] == device_id
+    ]
+    if not leaves:
+        return False
+    reason = str(leaves[-1]["reason"])
+    return reason == MISSED_BY_ALL or reason.startswith(SILENT)
+
+
+def _may_open(row: JobDevice | None, back: bool) -> bool:
+    """A join needs no participation yet; a rejoin one that left."""
+    return row is None if not back else row is not None and row.left_round is not None

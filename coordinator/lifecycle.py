@@ -305,9 +305,16 @@ def mark_done(
     now: float,
     control: Control | None = None,
 ) -> None:
-    """Record that a participant finished or declined (the first report wins)."""
+    """Record that a participant finished or declined (the first report wins).
+
+    A participant that was taken out keeps its departure as its result; that it posted
+    done since is noted (:data:`coordinator.churn.LEFT_ACKNOWLEDGED`): its agent stopped,
+    so it is not taken back (:func:`coordinator.churn.may_rejoin`).
+    """
     if not row.done:
         row.done, row.final = True, dict(body)
+    elif row.left_round is not None and not (row.final or {}).get(churn.LEFT_ACKNOWLEDGED):
+        row.final = {**(row.final or {}), churn.LEFT_ACKNOWLEDGED: True}
     row.last_activity = now
     device.last_seen = now
     session.commit()
@@ -345,6 +352,11 @@ def current_assignment(
     (completed/stopped) while this device has not reported done — so it learns to
     stop. A device that reported done on an ended job gets nothing for it. Asking counts
     as activity of a participant that is not done (it is alive), paused jobs included.
+
+    A participant taken out of a running job while it was silent (its agent was killed or
+    the device rebooted) that asks again is taken back when
+    :func:`coordinator.churn.may_rejoin` allows it: a new topology version adds it from
+    the next round boundary, and its assignment's ``start_round`` is that round.
     """
     query = (
         select(Job, JobDevice)
@@ -359,6 +371,8 @@ def current_assignment(
     session.commit()
     for job, row in found:
         refresh_status(session, job, now, settings, control)
+        if churn.may_rejoin(session, job, row, device):
+            churn.replan(session, job, now, rejoin=[device], control=control)
         if job.status in store.ACTIVE_STATUSES or not row.done:
             return job, row
     return None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from importlib.util import find_spec
+from typing import Any, Literal
 
 from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Publish
@@ -11,7 +12,7 @@ from coordinator.presence import Subscribe
 from coordinator.settings import CoordinatorSettings
 from meshfl.errors import ConfigError
 
-__all__ = ["ensure_tokens", "serve"]
+__all__ = ["ensure_tokens", "http_stack", "serve"]
 
 
 def ensure_tokens(settings: CoordinatorSettings) -> tuple[CoordinatorSettings, list[str]]:
@@ -74,6 +75,7 @@ def serve(
             else f"(given by --{name.replace('_', '-')} or {env}; not printed)"
         )
 
+    stack = http_stack()
     print(
         "meshfl coordinator\n"
         f"  URL:          http://{host}:{port}  (API docs: http://{host}:{port}/docs)\n"
@@ -85,11 +87,35 @@ def serve(
         f"  artifacts:    {settings.artifacts_path()}\n"
         f"  control push: {'MQTT ' + str(settings.broker_url) if publish else 'off (agents poll)'}"
         f"\n  device status: {'Last Will over MQTT' if subscribe else 'heartbeats only'}"
-        f"\n  broker logins: {'one per device' if broker_accounts else 'not managed'}",
+        f"\n  broker logins: {'one per device' if broker_accounts else 'not managed'}"
+        f"\n  HTTP server:  uvicorn, {stack[0]} loop, {stack[1]} parser",
         flush=True,
     )
     # Keep idle connections 15 s (uvicorn's default is 5): a device polling or sending a
     # heartbeat every 10 s then reuses its connection (W5: 1.96 instead of 2.37 ms of
     # server CPU a heartbeat, BENCHMARKS.md).
     logging: dict[str, Any] = {} if uvicorn_logging else {"log_config": None}
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=15, **logging)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_keep_alive=15,
+        loop=stack[0],
+        http=stack[1],
+        **logging,
+    )
+
+
+def http_stack() -> tuple[Literal["uvloop", "asyncio"], Literal["httptools", "h11"]]:
+    """The event loop and HTTP parser for uvicorn: uvloop and httptools where importable.
+
+    They are in the ``coordinator`` extra (uvloop has no Windows build); without them
+    uvicorn falls back to asyncio's loop and the pure-Python h11 parser, which cost
+    several times more CPU a request (W5, BENCHMARKS.md). Returns ``uvicorn.run``'s
+    ``(loop, http)`` arguments.
+    """
+    return (
+        "uvloop" if find_spec("uvloop") else "asyncio",
+        "httptools" if find_spec("httptools") else "h11",
+    )

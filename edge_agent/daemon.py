@@ -5,32 +5,40 @@
 1. load and check the local data file (a bad file fails here, before any network);
 2. load (or create, the first time) the device's Ed25519 identity key,
    ``<out>/<name>.identity.key``, and enrol with the coordinator over REST, sending its
-   public key (device id, device token, broker URL come back);
+   public key (device id, device token, broker URL come back). The answer is kept in
+   ``<out>/<name>.enrolment.json`` (mode 0600: it holds the device token): a restarted
+   agent of the same coordinator and key is the same device again, so it keeps its jobs
+   and its broker session; a saved identity the coordinator no longer knows is replaced
+   by a new enrolment;
 3. connect to the broker (MQTT 5 or 3.1.1), retained ``online`` status, Last Will
    ``offline``;
 4. poll for an assignment; for each job: build the model, measure and report the
-   capability profile, run the rounds (:mod:`edge_agent.job`), save the final model,
+   capability profile, run the rounds (:mod:`edge_agent.job`; resumed from the job's
+   checkpoint after a restart, :mod:`edge_agent.checkpoint`), save the final model,
    report done;
 5. with ``once`` set, exit after the first job; otherwise wait for the next one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_agent.checkpoint import CheckpointStore
 from edge_agent.engine import status_payload
 from edge_agent.health import HealthWriter
 from edge_agent.job import JobRunner
 from edge_agent.observer import AgentObserver, NullObserver
-from edge_agent.rest import CoordinatorClient
+from edge_agent.rest import CoordinatorClient, DeviceRevoked
 from edge_agent.transport.base import Message, Transport
 from meshfl import logcontext
 from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelSpec
-from meshfl.errors import ConfigError, MeshflError, SecurityError
+from meshfl.errors import ConfigError, CoordinatorError, MeshflError, SecurityError
+from meshfl.files import atomic_write
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
 
@@ -111,9 +119,12 @@ def run_agent(
         from edge_agent.secagg.crypto import IdentityKey, identity_key_path
 
         identity = IdentityKey.load_or_create(identity_key_path(config.out, config.name))
-        enrolment = client.enrol(
-            config.token, config.name, capability_profile(None), identity.public_b64
-        )
+        enrolment = _saved_enrolment(config, client, identity.public_b64)
+        if enrolment is None:
+            enrolment = client.enrol(
+                config.token, config.name, capability_profile(None), identity.public_b64
+            )
+            _save_enrolment(config, enrolment, identity.public_b64)
         client.retry_s = config.run_retry_s  # once enrolled, ride out longer outages
         with logcontext.bind(device=enrolment["device_id"]):
             _connected(
@@ -121,6 +132,67 @@ def run_agent(
             )
     finally:
         client.close()
+
+
+def enrolment_path(out: Path, name: str) -> Path:
+    """Where an agent keeps its enrolment: ``<out>/<name>.enrolment.json``."""
+    return Path(out) / f"{name}.enrolment.json"
+
+
+def _save_enrolment(config: AgentConfig, enrolment: EnrolResponse, public_key: str) -> None:
+    """Keep the enrolment for a restart (0600: the device token and broker password)."""
+    body = {"coordinator": config.coordinator, "identity_key": public_key, **enrolment}
+    path = enrolment_path(config.out, config.name)
+    try:
+        atomic_write(path, lambda f: f.write(json.dumps(body).encode()), mode=0o600)
+    except OSError as exc:
+        log.warning("could not save the enrolment to %s (%s): a restart enrols anew", path, exc)
+
+
+def _saved_enrolment(
+    config: AgentConfig, client: CoordinatorClient, public_key: str
+) -> EnrolResponse | None:
+    """The saved enrolment, if it is this coordinator's and key's and its token still works.
+
+    The token is checked with the profile the enrolment would send. A token the
+    coordinator refuses (another coordinator database, a deleted device) means None; a
+    revoked device raises :class:`~edge_agent.rest.DeviceRevoked`.
+    """
+    from edge_agent.probe import capability_profile
+
+    path = enrolment_path(config.out, config.name)
+    try:
+        saved = json.loads(path.read_text())
+        if saved["coordinator"] != config.coordinator or saved["identity_key"] != public_key:
+            return None
+        enrolment = EnrolResponse(
+            device_id=validate_id(saved["device_id"]),
+            device_token=str(saved["device_token"]),
+            fleet=str(saved["fleet"]),
+            broker_url=saved["broker_url"],
+        )
+        for key in ("broker_username", "broker_password", "broker_ca"):
+            if isinstance(saved.get(key), str):
+                enrolment[key] = saved[key]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
+        log.warning("ignoring the saved enrolment %s (%s): enrolling again", path, exc)
+        return None
+    client.device_token = enrolment["device_token"]
+    try:
+        client.put_profile(enrolment["device_id"], capability_profile(None))
+    except DeviceRevoked:
+        raise
+    except CoordinatorError as exc:
+        if exc.status is None or exc.status >= 500:
+            raise
+        log.info("the saved enrolment of %s was refused (%s): enrolling again", config.name, exc)
+        client.device_token = None
+        return None
+    log.info("%s: enrolled before as %s: carrying on as that device", config.name,
+             enrolment["device_id"])  # fmt: skip
+    return enrolment
 
 
 def _connected(
@@ -223,13 +295,18 @@ def _serve(
     observer: AgentObserver | None = None,
 ) -> None:
     finished: set[str] = set()
+    checkpoints = CheckpointStore(config.out, config.name)
     while True:
         assignment = client.assignment(device_id)
         if assignment is None or not _runnable(assignment, finished):
+            if assignment is not None and assignment["status"] in _ENDED:
+                checkpoints.remove(assignment["job_id"])  # it ended while this agent was down
             time.sleep(config.poll_s)
             continue
         job_id = assignment["job_id"]
         finished.add(job_id)
+        for old in checkpoints.prune(keep=job_id):  # never resumable: another job came
+            log.info("removed the checkpoint of job %s", old)
         health.job_id = job_id
         runner = JobRunner(
             config, client, transport, device_id, assignment, link, identity, observer
@@ -245,6 +322,7 @@ def _serve(
                     retain=True,
                 )
                 client.post_decline(job_id, str(exc))
+                checkpoints.remove(job_id)
                 if config.once:
                     raise
             # The retained "declined" status stays: neighbours that subscribe later must
@@ -252,6 +330,9 @@ def _serve(
         health.job_id = None
         if config.once:
             return
+
+
+_ENDED = ("completed", "failed", "stopped")
 
 
 def _runnable(assignment: Assignment, finished: set[str]) -> bool:

@@ -85,6 +85,8 @@ log = logging.getLogger("meshfl.agent.engine")
 
 Params = Mapping[str, np.ndarray]
 MODES = ("sync", "async")
+MAX_OUTAGE_WAIT_S = 300.0
+"""Longest a round waits past its deadline while this device's broker connection is down."""
 MIN_REPAIR_AFTER_S = 0.2
 MAX_REPAIR_AFTER_S = 2.0
 """Bounds of ``repair_after_s`` (deadline / 8 between them)."""
@@ -203,6 +205,8 @@ class GossipEngine(Inbox):
         """Seconds a sync round waits for a neighbour's message before asking for it again."""
         self._next_repair: dict[str, float] = {}  # peer → earliest time of its next request
         self._served: dict[str, float] = {}  # peer → when its last request was answered
+        self._reconnects = 0  # the transport's reconnects when the status was last published
+        self._reconnected_at = -1e9  # clock() when a reconnect was last noticed
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -219,6 +223,7 @@ class GossipEngine(Inbox):
         for n in sorted(self.peers):
             self._subscribe(n)
         self._started = True
+        self._reconnects = self.transport.reconnects
         self._publish_status()
 
     def _subscribe(self, peer: str) -> None:
@@ -326,8 +331,10 @@ class GossipEngine(Inbox):
         published = self.clock()
         deadline = published + self.deadline_s
         slow = set(no_wait) & row
+        deadline = self._through_outage(deadline, published)
         while not self._round_complete(round_, row - slow):
             self._request_repairs(round_, row - slow, published)
+            deadline = self._through_outage(deadline, published)
             if not self._wait_one(deadline):
                 break
         self.drain()
@@ -430,6 +437,26 @@ class GossipEngine(Inbox):
         for chunk in chunks:
             self.transport.publish(topic, chunk, qos=1)
 
+    def _through_outage(self, deadline: float, published: float) -> float:
+        """The round's deadline, held while this device's own broker connection is down.
+
+        Nothing can arrive or leave while the transport reconnects (a broker restart):
+        the round keeps waiting — for at most ``MAX_OUTAGE_WAIT_S`` past its deadline —
+        and gets a whole ``deadline_s`` once connected again, for the neighbours' messages
+        that were queued meanwhile. After a reconnect the retained status is published
+        again: a broker that went down cleanly published this device's Last Will.
+        """
+        now = self.clock()
+        if not self.transport.connected:
+            cap = published + self.deadline_s + MAX_OUTAGE_WAIT_S
+            return min(max(deadline, now + self.deadline_s), cap)
+        if self.transport.reconnects != self._reconnects:
+            self._reconnects = self.transport.reconnects
+            self._reconnected_at = now
+            log.info("reconnected: announcing this device's status again")
+            self._publish_status()
+        return deadline
+
     # -- repairs (edge_agent.outbox) ----------------------------------------------------
 
     def _request_repairs(self, round_: int, row: set[str], published: float) -> None:
@@ -482,10 +509,18 @@ class GossipEngine(Inbox):
         return {p for p in self._need if not self.algorithm.has_state(p)}
 
     def _round_complete(self, round_: int, row: set[str]) -> bool:
-        waitable = row - self._offline - self._unknown()
+        if not self.transport.connected:
+            return False  # nothing can arrive: wait out the outage (_through_outage)
+        offline, suspected = self._offline, self._suspected
+        if self.clock() - self._reconnected_at < self.deadline_s:
+            # Just back from an outage: the broker may still hold neighbours' Last Wills
+            # from its own shutdown, and the outage made them miss a round, until they
+            # reconnect and announce themselves again.
+            offline, suspected = set(), set()
+        waitable = row - offline - self._unknown()
         if self.mode == "async":
             return all(self._fresh(p, round_) for p in waitable)
-        waitable -= self._suspected
+        waitable -= suspected
         answered = self._answered.get(round_, set()) & row
         wanted = min(quorum_size(len(row), self.quorum), len(waitable))
         return len(answered) >= wanted and (wanted < len(waitable) or waitable <= answered)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from edge_agent.engine import GossipEngine
 from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
+from edge_agent.resume import Resumer
 from edge_agent.secure_engine import SecureEngine
 from edge_agent.secure_job import build_secure_engine
 from edge_agent.signing import Signer, Verifier
@@ -80,6 +82,11 @@ class JobRunner:
 
     ``observer`` hears of the job's start and end and of every round
     (:mod:`edge_agent.observer`; default: nobody).
+
+    A gossip job (not a secure-aggregation one) is checkpointed after every round; a
+    runner that finds a usable checkpoint of its job resumes at the round after it, and
+    removes it when the job ends for this device (:attr:`resume`,
+    :mod:`edge_agent.resume`).
     """
 
     def __init__(
@@ -107,6 +114,11 @@ class JobRunner:
         self.privacy = PrivacyOptions()
         self.signer: Signer | None = None  # set by run() for a signed_deltas job
         self.verifier: Verifier | None = None
+
+    @cached_property
+    def resume(self) -> Resumer:
+        """The job's checkpoints (:class:`~edge_agent.resume.Resumer`), made on first use."""
+        return Resumer(self.config.out, self.config.name, self.job_id, self.spec)
 
     def run(self, x: np.ndarray, y: np.ndarray) -> None:
         """Run every round of the job on local data ``x`` (n, d) float32, ``y`` (n,) int64.
@@ -151,7 +163,12 @@ class JobRunner:
         if self.privacy.secure:
             engine = self._secure_engine(trainer.params())
         else:
-            engine = self._gossip_engine(trainer.params(), topo)
+            resumed = self.resume.load(trainer, topo)
+            first = 0 if resumed is None else resumed.first_sequence
+            engine = self._gossip_engine(trainer.params(), topo, first)
+            self.resume.restore(engine, trainer, topo)
+            if resumed is not None and resumed.epsilon is not None:
+                self.epsilon = resumed.epsilon
         engine.start()
         self.observer.job_started(self.job_id, engine.queue_depth)
         try:
@@ -173,7 +190,10 @@ class JobRunner:
         """Join (a joiner catches up from keyframes) or wait for neighbours; run the rounds."""
         spec = self.spec
         round_ = max(1, self.assignment["start_round"])
-        if round_ > 1 and isinstance(
+        if self.resume.checkpoint is not None and isinstance(engine, GossipEngine):
+            # Its own checkpointed model; no start barrier: the neighbours are mid-job.
+            round_ = self.resume.first_round(engine, round_, topo)
+        elif round_ > 1 and isinstance(
             engine, GossipEngine
         ):  # a joiner: start from its neighbours' models
             caught = engine.catch_up(max(60.0, spec["round_deadline_s"]))
@@ -191,7 +211,9 @@ class JobRunner:
                 log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
         self._rounds(engine, trainer, topo, round_, x, y, x_test, y_test, profile)
 
-    def _gossip_engine(self, params: dict[str, np.ndarray], topo: TopologyVersion) -> GossipEngine:
+    def _gossip_engine(
+        self, params: dict[str, np.ndarray], topo: TopologyVersion, first_sequence: int = 0
+    ) -> GossipEngine:
         spec = self.spec
         return GossipEngine(
             transport=self.transport,
@@ -207,6 +229,7 @@ class JobRunner:
             quorum=spec.get("quorum", 1.0),
             signer=self.signer,
             verifier=self.verifier,
+            first_sequence=first_sequence,
         )
 
     def _secure_engine(self, params: dict[str, np.ndarray]) -> SecureEngine:
@@ -297,12 +320,11 @@ class JobRunner:
                     params, missing = engine.exchange(round_, trainer.params())
                 else:
                     weights, self_weight = topo.row(round_)
+                    no_wait = set(self.plan.get("no_wait", ())) | self.resume.no_wait(
+                        round_, weights
+                    )  # resumed behind its neighbours: wait for none of them
                     params, missing = engine.exchange(
-                        round_,
-                        trainer.params(),
-                        weights,
-                        self_weight,
-                        no_wait=self.plan.get("no_wait", ()),
+                        round_, trainer.params(), weights, self_weight, no_wait=no_wait
                     )
                 trainer.set_params(params)
                 accuracy, loss = trainer.evaluate(x_test, y_test)
@@ -330,6 +352,10 @@ class JobRunner:
                 reporter.post_metrics(metrics)
                 self._observe(metrics, engine)
                 log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
+                if isinstance(engine, GossipEngine):
+                    self.resume.save(
+                        engine, trainer, round_, self.epsilon if self.privacy.dp else None
+                    )
                 if (
                     refresh_s > 0
                     and round_ < spec["rounds"]
@@ -372,6 +398,7 @@ class JobRunner:
                 "onnx_max_abs_diff": onnx_diff,
             },
         )
+        self.resume.remove()  # the job is over for this device
         engine.leave()
         self.transport.flush(10.0)
         if engine.stats.rejected:

@@ -4,10 +4,11 @@ The one place where the agent talks HTTP: httpx's transport errors become
 :class:`~meshfl.errors.CoordinatorUnreachable`, a refusal (4xx) becomes
 :class:`~meshfl.errors.CoordinatorError` carrying the coordinator's one-line reason.
 Transient failures (connection errors, 5xx) are retried with jittered exponential
-backoff up to ``retry_s`` seconds; a 429 (rate limit) is retried after its
-``Retry-After`` while that fits in ``retry_s``; any other refusal is never retried. A 401 whose
-``WWW-Authenticate`` says ``device revoked`` (RFC 6750 ``invalid_token``) becomes
-:class:`DeviceRevoked`: the operator revoked this device, and the agent stops.
+backoff (0.2 s doubling to :data:`MAX_RETRY_DELAY_S`, each ×0.5–1.5) up to ``retry_s``
+seconds; a 429 (rate limit) is retried after its ``Retry-After`` while that fits in
+``retry_s``; any other refusal is never retried. A 401 whose ``WWW-Authenticate`` says
+``device revoked`` (RFC 6750 ``invalid_token``) becomes :class:`DeviceRevoked`: the
+operator revoked this device, and the agent stops.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 __all__ = ["Consensus", "CoordinatorClient", "DeviceRevoked"]
 
 log = logging.getLogger("meshfl.agent.rest")
+
+MAX_RETRY_DELAY_S = 1.0
+"""The longest pause between two tries, before jitter (seconds). Short: a round report
+waits on it, and a device that comes back seconds after a restarted coordinator is
+missed by its neighbours (``meshfl local --chaos coordinator=...``)."""
 
 
 class DeviceRevoked(CoordinatorError):
@@ -271,7 +277,7 @@ class CoordinatorClient:
                 )
             log.warning("%s; retrying in %.1f s", problem, delay)
             time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, MAX_RETRY_DELAY_S)
 
 
 def _retry_after_s(response: httpx.Response) -> float:

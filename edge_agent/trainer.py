@@ -141,6 +141,26 @@ class Trainer:
         """Replace the parameters; ConfigError names a missing, extra or mis-shaped tensor."""
         load_arrays(self._model, arrays)
 
+    def shuffle_state(self) -> np.ndarray:
+        """The state of the shuffling generator: a 1-D uint8 array (5,056 bytes on CPU).
+
+        With :meth:`set_shuffle_state` a resumed job draws the same minibatch orders as
+        one that never stopped (:mod:`edge_agent.checkpoint`).
+        """
+        return self._generator.get_state().numpy().copy()
+
+    def set_shuffle_state(self, state: np.ndarray) -> None:
+        """Restore a state from :meth:`shuffle_state`; ConfigError if it is not one."""
+        array = np.asarray(state)
+        if array.dtype != np.uint8 or array.ndim != 1:
+            raise ConfigError(
+                f"a shuffle state is a 1-D uint8 array, got {array.dtype} {array.shape}"
+            )
+        try:
+            self._generator.set_state(torch.from_numpy(array.copy()))
+        except RuntimeError as exc:
+            raise ConfigError(f"not a shuffle state of this trainer ({exc})") from None
+
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         check_model_fit(x, y, self.spec)
         if len(y) == 0:

@@ -17,6 +17,7 @@ Connection policy (see ``docs/brokers.md``):
   is ``min(20, Receive Maximum)``; :meth:`MqttTransport.payload_limit` is the Maximum Packet
   Size less the PUBLISH header, engines chunk under it, and a larger publish is refused
   with :class:`~meshfl.errors.TransportError` (paho would re-send it after every reconnect).
+  Each CONNACK's limits and the resulting in-flight window are logged at INFO.
 - Callbacks: an exception in any paho callback (ours or the message handler) is logged
   with its traceback and counted in ``callback_errors``; paho's network loop carries on.
 - TLS: ``mqtts://host:8883`` connects over TLS 1.2+ and checks the broker's certificate
@@ -46,6 +47,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edge_agent.transport._probe import probe_protocol
 from edge_agent.transport.address import parse_broker_address, tls_context
@@ -103,6 +105,11 @@ def _set_inflight(client: paho.Client, cap: int) -> None:
     positive window) cannot arise since ``cap`` is always positive.
     """
     client._max_inflight_messages = max(1, cap)
+
+
+def _resubscribe_options(qos: int) -> SubscribeOptions:
+    """MQTT 5 options of a subscription renewed in a resumed session (no retained repeat)."""
+    return SubscribeOptions(qos=qos, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
 
 
 def _error_text(rc: MQTTErrorCode | int) -> str:
@@ -495,12 +502,15 @@ class MqttTransport(Transport):
         resumed = bool(flags.session_present)
         if self._ever_connected:
             self._reconnects += 1
+        announced = self.limits.as_dict()
         log.info(
-            "%s to %s (%s, session resumed: %s)",
+            "%s to %s (%s, session resumed: %s; broker limits: %s; in-flight window %d)",
             "reconnected" if self._ever_connected else "connected",
             self._where,
             self._protocol,
             resumed,
+            ", ".join(f"{name}={value}" for name, value in announced.items()) or "none",
+            client.max_inflight_messages,
         )
         if not resumed or not self._ever_connected:
             for topic_filter, qos in list(self._subscriptions.items()):
@@ -511,6 +521,12 @@ class MqttTransport(Transport):
                     and mid is not None
                 ):
                     self._initial_subscriptions[mid] = topic_filter
+        elif v5:
+            # A session restored from a broker's last autosave (Mosquitto after SIGKILL)
+            # lacks the subscriptions made after it: subscribe again; retained messages
+            # come only for a subscription that was missing (Retain Handling 1).
+            for topic_filter, qos in list(self._subscriptions.items()):
+                client.subscribe(topic_filter, options=_resubscribe_options(qos))
         self._connected = True
         self._ever_connected = True
         self._first_result.set()

@@ -202,6 +202,54 @@ class ChocoGossip:
         """Whether this device holds a replica of ``peer`` (it can be mixed)."""
         return peer in self._replicas
 
+    def own_replica(self) -> dict[str, np.ndarray]:
+        """Return a copy of this device's public replica x̂_i, by tensor name.
+
+        float32 arrays in model order, each shaped like the tensor of ``params`` given
+        at construction. Every neighbour's replica of this device equals it (they apply
+        the same decoded messages), so a restarted device must get it back
+        (:meth:`restore_own_replica`) to keep sending differences they can apply.
+        """
+        return {name: a.copy() for (name, _), a in zip(self._layout, self._own, strict=True)}
+
+    def keyframe_baseline(self) -> list[float]:
+        """The relative compression errors r = ‖x − x̂_i‖ / ‖x‖ measured so far.
+
+        At most ``KEYFRAME_BASELINE`` (10) floats, dimensionless; their median is the
+        codec's normal level for error-triggered keyframes (empty before any message).
+        """
+        return list(self._baseline)
+
+    def restore_own_replica(
+        self, replica: Mapping[str, np.ndarray], baseline: Sequence[float] = ()
+    ) -> None:
+        """Put back x̂_i (and the keyframe baseline) saved by :meth:`own_replica`.
+
+        Parameters
+        ----------
+        replica : mapping of str to ndarray
+            Tensor name → array, in model order, shapes as the model's; copied as
+            float32.
+        baseline : sequence of float, optional
+            :meth:`keyframe_baseline`'s values (at most ``KEYFRAME_BASELINE`` kept);
+            empty: measured afresh.
+
+        Raises
+        ------
+        ConfigError
+            If the names (in order) or shapes differ from the model's, or a value is
+            NaN or infinite; the state is then unchanged.
+
+        """
+        tensors = check_model(replica, self._layout)
+        if not all(np.all(np.isfinite(t)) for t in tensors):
+            raise ConfigError("the saved replica x̂_i holds NaN or infinite values")
+        values = [float(v) for v in baseline][:KEYFRAME_BASELINE]
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ConfigError(f"keyframe baseline must be finite and >= 0, got {values}")
+        self._own = [np.array(t, dtype=np.float32) for t in tensors]
+        self._baseline = values
+
     def keyframe(self, x: Mapping[str, np.ndarray]) -> tuple[TensorEntry, ...]:
         """Return a lossless keyframe of ``x`` and set x̂_i := x (sent as a KEYFRAME).
 

@@ -129,9 +129,12 @@ def local(
         list[str] | None,
         typer.Option(
             metavar="SPEC",
-            help="Inject faults between every agent and the broker (repeatable), e.g."
+            help="Inject faults (repeatable): between every agent and the broker, e.g."
             " drop=0.1,dup=0.1,reorder=0.05,corrupt=0.01,delay=50,seed=1 or"
-            " partition=device-2@5:40 (docs/reliability.md).",
+            " partition=device-2@5:40; and process faults during a round, each restarted"
+            " SECONDS later: broker=ROUND:term|kill[:SECONDS] (the run's own Mosquitto),"
+            " coordinator=ROUND[:SECONDS], restart=DEVICE@ROUND[:SECONDS]"
+            " (docs/reliability.md).",
         ),
     ] = None,
     model: ModelOption = DEFAULTS.model,

@@ -12,12 +12,20 @@ SPEC is a comma-separated list (the option may be repeated; its parts are joined
                  cut that device off the broker, both ways, for SECONDS once ROUND's
                  summary appears (repeatable); longer than 1.5x the MQTT keepalive
                  (30 s), Mosquitto drops it and publishes its Last Will
+    broker=ROUND:term|kill[:SECONDS]
+                 SIGTERM / SIGKILL the broker during ROUND, restart it SECONDS later
+                 (default 2) on the same port and persistence (the run's own Mosquitto)
+    coordinator=ROUND[:SECONDS]
+                 SIGKILL the coordinator during ROUND, restart it SECONDS later (default 2)
+    restart=DEVICE@ROUND[:SECONDS]
+                 SIGKILL that agent during ROUND, restart it SECONDS later (default 1)
 
 e.g. ``drop=0.1,dup=0.1,reorder=0.05,corrupt=0.01,seed=1`` or
 ``partition=device-2@5:50``. Faults hit the broker → agent direction of the data plane
 (delta and inbox topics): each delivery of a chunk to a receiver is decided once, from a
 generator seeded with ``SEED:DEVICE`` (:mod:`meshfl.local.chaos_proxy` says exactly
-what each fault does). With ``--link``, a device's chaos proxy sits in front of its
+what each fault does; :mod:`meshfl.local.process_faults` the process faults, which
+need no proxy). With ``--link``, a device's chaos proxy sits in front of its
 shaping proxy. Not with ``--secure`` or an ``mqtts://`` broker: the proxy reads MQTT
 packets, and TLS hides them.
 """
@@ -33,6 +41,13 @@ from typing import TYPE_CHECKING, Any
 from meshfl.errors import ConfigError
 from meshfl.local.chaos_proxy import ChaosProxy, FaultCounts, Faults
 from meshfl.local.fleet import device_name, joiner_names
+from meshfl.local.process_faults import (
+    PROCESS_KEYS,
+    ProcessFault,
+    ProcessFaults,
+    parse_process_fault,
+    process_fault_line,
+)
 
 if TYPE_CHECKING:
     from meshfl.local.monitor import RoundHook
@@ -47,7 +62,8 @@ MAX_PARTITION_S = 3600.0
 _PROBABILITIES = {"drop": "drop", "dup": "duplicate", "reorder": "reorder", "corrupt": "corrupt"}
 _USAGE = (
     "use KEY=VALUE pairs separated by commas: drop, dup, reorder, corrupt (probabilities),"
-    " delay (ms), seed, partition=DEVICE@ROUND:SECONDS; e.g. drop=0.1,dup=0.1,seed=1"
+    " delay (ms), seed, partition=DEVICE@ROUND:SECONDS, broker=ROUND:term|kill[:SECONDS],"
+    " coordinator=ROUND[:SECONDS], restart=DEVICE@ROUND[:SECONDS]; e.g. drop=0.1,dup=0.1,seed=1"
 )
 
 
@@ -62,11 +78,17 @@ class Partition:
 
 @dataclass(frozen=True)
 class ChaosSpec:
-    """A parsed ``--chaos`` SPEC: the faults, their seed (None: the run's) and partitions."""
+    """A parsed ``--chaos`` SPEC: faults, seed (None: the run's), partitions, process faults.
+
+    ``processes`` are :class:`~meshfl.local.process_faults.ProcessFault`, in SPEC order.
+    """
 
     faults: Faults
     seed: int | None = None
     partitions: tuple[Partition, ...] = ()
+    processes: tuple[ProcessFault, ...] = ()
+    network: bool = True
+    """Whether the fault proxies run: a packet fault (``drop=0`` too) or a partition given."""
 
 
 def parse_chaos(text: str) -> ChaosSpec:
@@ -75,13 +97,14 @@ def parse_chaos(text: str) -> ChaosSpec:
     Raises
     ------
     ConfigError
-        An unknown key, a key given twice (``partition`` aside), or a bad value; the
-        message quotes the option and shows the expected form.
+        An unknown key, a key given twice (``partition`` and the process faults aside),
+        or a bad value; the message quotes the option and shows the expected form.
 
     """
     values: dict[str, float] = {}
     seed: int | None = None
     partitions: list[Partition] = []
+    processes: list[ProcessFault] = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
@@ -91,6 +114,9 @@ def parse_chaos(text: str) -> ChaosSpec:
             raise ConfigError(f"--chaos {item!r}: {_USAGE}")
         if key == "partition":
             partitions.append(_partition(value))
+            continue
+        if key in PROCESS_KEYS:
+            processes.append(parse_process_fault(key, value))
             continue
         if key in values or (key == "seed" and seed is not None):
             raise ConfigError(f"--chaos: {key} is given twice; give it once")
@@ -102,7 +128,7 @@ def parse_chaos(text: str) -> ChaosSpec:
             values[key] = _number(key, value)
         else:
             raise ConfigError(f"--chaos: unknown key {key!r}; {_USAGE}")
-    if not values and not partitions:
+    if not values and not partitions and not processes:
         raise ConfigError(f"--chaos {text!r} injects nothing; {_USAGE}")
     try:
         faults = Faults(
@@ -111,7 +137,8 @@ def parse_chaos(text: str) -> ChaosSpec:
         )
     except ConfigError as exc:
         raise ConfigError(f"--chaos {str(exc).removeprefix('chaos ')}") from None
-    return ChaosSpec(faults, seed, tuple(partitions))
+    network = bool(values) or bool(partitions)
+    return ChaosSpec(faults, seed, tuple(partitions), tuple(processes), network)
 
 
 def _number(key: str, value: str) -> float:
@@ -147,7 +174,10 @@ def validate_chaos(config: LocalConfig) -> None:
     ------
     ConfigError
         A bad SPEC, ``--secure`` or an ``mqtts://`` broker, a partitioned device outside
-        the fleet, or a partition round outside ``1 .. rounds − 1``.
+        the fleet, or a partition round outside ``1 .. rounds − 1``; and for the process
+        faults (:func:`_validate_processes`) a round outside ``1 .. rounds − 1``, a device
+        outside the fleet, killed by ``--kill`` or not yet joined, the same process
+        twice in a round, or a broker fault with ``--broker`` or without Mosquitto.
 
     """
     if not config.chaos:
@@ -159,6 +189,7 @@ def validate_chaos(config: LocalConfig) -> None:
             " broker), or drop --chaos"
         )
     known = {f"device-{i}" for i in range(config.agents)} | set(joiner_names(config))
+    _validate_processes(config, spec.processes, known)
     for p in spec.partitions:
         where = f"--chaos partition={p.device}@{p.after_round}"
         if p.device not in known:
@@ -167,12 +198,58 @@ def validate_chaos(config: LocalConfig) -> None:
             raise ConfigError(f"{where}: use a round in 1..{config.rounds - 1}")
 
 
+def _validate_processes(
+    config: LocalConfig, faults: tuple[ProcessFault, ...], known: set[str]
+) -> None:
+    seen: set[tuple[str, int]] = set()
+    joins = dict(zip(joiner_names(config), sorted(config.join_at), strict=True))
+    killed = {device_name(name, "--kill") for name, _ in config.kill}
+    for f in faults:
+        where = f"--chaos {f.key}={'' if f.key != 'restart' else f.target + '@'}{f.round}"
+        if not 1 <= f.round < config.rounds:
+            raise ConfigError(f"{where}: use a round in 1..{config.rounds - 1}")
+        if (f.target, f.round) in seen:
+            raise ConfigError(f"{where}: {f.target} is stopped twice in round {f.round}; once")
+        seen.add((f.target, f.round))
+        if f.key == "restart":
+            if f.target not in known:
+                raise ConfigError(f"{where}: {f.target} is not in this fleet (0..{len(known) - 1})")
+            if f.target in killed:
+                raise ConfigError(f"{where}: --kill also names {f.target}; use one of them")
+            joined = joins.get(f.target)
+            if joined is not None and f.round <= joined:
+                raise ConfigError(f"{where}: it joins after round {joined}; restart it later")
+    if any(f.key == "broker" for f in faults):
+        _check_broker_faults(config)
+
+
+def _check_broker_faults(config: LocalConfig) -> None:
+    """A broker fault needs the run's own Mosquitto: no ``--broker``, Mosquitto installed."""
+    from broker.mosquitto import find_mosquitto
+
+    if config.broker is not None:
+        raise ConfigError(
+            "--chaos broker=...: meshfl local restarts only a broker it starts itself; drop"
+            " --broker (it then runs its own Mosquitto)"
+        )
+    try:
+        find_mosquitto()
+    except ConfigError:
+        raise ConfigError(
+            "--chaos broker=... restarts the run's own Mosquitto (the embedded amqtt broker"
+            " keeps no state across a restart), which is not installed: install it with"
+            " `apt-get install mosquitto` or `brew install mosquitto`"
+        ) from None
+
+
 class ChaosFleet:
     """One :class:`ChaosProxy` per agent of a local run, and the partitions' schedule.
 
-    Use :meth:`start`; pass ``mqtt://127.0.0.1:{port(name)}`` to each agent, call
-    :meth:`on_round` for each settled round (or wrap the run's hook with :meth:`wrap`),
-    put :meth:`report` in ``report.json`` and :meth:`stop` the proxies at the end.
+    Use :meth:`start`; pass ``mqtt://127.0.0.1:{port(name)}`` to each agent in
+    :attr:`proxies` (none when the SPEC holds only process faults), call :meth:`on_round`
+    for each settled round (or wrap the run's hook with :meth:`wrap`), put :meth:`report`
+    in ``report.json`` and :meth:`stop` the proxies at the end. The caller sets
+    :attr:`processes` when the SPEC has process faults (it needs the run's processes).
     """
 
     def __init__(
@@ -180,6 +257,7 @@ class ChaosFleet:
     ) -> None:
         self.text, self.spec, self.seed, self.proxies = text, spec, seed, proxies
         self.events: list[dict[str, Any]] = []
+        self.processes: ProcessFaults | None = None
         self._due: dict[int, list[Partition]] = {}
         for p in spec.partitions:
             self._due.setdefault(p.after_round, []).append(p)
@@ -189,13 +267,18 @@ class ChaosFleet:
     def start(
         cls, config: LocalConfig, broker_url: str, links: Mapping[str, ShapingProxy]
     ) -> ChaosFleet:
-        """Start a proxy per device (joiners too) to the broker or to the device's link."""
+        """Start a proxy per device (joiners too) to the broker or to the device's link.
+
+        No proxy when the SPEC gives no packet fault and no partition (``spec.network``).
+        """
         from edge_agent.transport.mqtt import parse_broker_url
 
         broker = parse_broker_url(broker_url)
         spec = parse_chaos(config.chaos)
         seed = config.seed if spec.seed is None else spec.seed
         names = [f"device-{i}" for i in range(config.agents)] + joiner_names(config)
+        if not spec.network:
+            names = []
         proxies: dict[str, ChaosProxy] = {}
         try:
             for name in names:
@@ -258,6 +341,7 @@ class ChaosFleet:
             "totals": totals,
             "devices": devices,
             "partitions": list(self.events),
+            "processes": [] if self.processes is None else self.processes.report(),
         }
 
     def stop(self) -> None:
@@ -267,13 +351,16 @@ class ChaosFleet:
 
 
 def chaos_line(section: Mapping[str, Any]) -> str:
-    """One line for the end of ``meshfl local``: what the chaos proxies injected."""
+    """One line for the end of ``meshfl local``: what the chaos proxies and faults did."""
     t = section["totals"]
-    line = (
-        f"chaos: {t['publishes']} data packets to agents; {t['dropped']} dropped,"
-        f" {t['duplicated']} duplicated, {t['reordered']} reordered, {t['corrupted']} corrupted,"
-        f" {t['delayed']} delayed"
-    )
+    parts = []
+    if section["devices"]:
+        parts.append(
+            f"{t['publishes']} data packets to agents; {t['dropped']} dropped,"
+            f" {t['duplicated']} duplicated, {t['reordered']} reordered,"
+            f" {t['corrupted']} corrupted, {t['delayed']} delayed"
+        )
     for p in section["partitions"]:
-        line += f"; {p['device']} cut off for {p['seconds']:g} s after round {p['round']}"
-    return line
+        parts.append(f"{p['device']} cut off for {p['seconds']:g} s after round {p['round']}")
+    parts += [process_fault_line(event) for event in section.get("processes", [])]
+    return "chaos: " + ("; ".join(parts) or "nothing injected")

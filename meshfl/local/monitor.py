@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshfl.contract import JobPublic, RoundSummary
-from meshfl.errors import MeshflError
+from meshfl.errors import CoordinatorUnreachable, MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.fleet import Churn
 from meshfl.local.processes import Child, Supervisor
 
 if TYPE_CHECKING:
+    from meshfl.local.process_faults import ProcessFaults
     from meshfl.local.run import LocalConfig
 
 __all__ = ["Hooks", "RoundHook", "agents", "check_servers", "monitor"]
@@ -40,9 +41,11 @@ def agents(supervisor: Supervisor) -> list[Child]:
     return [c for c in supervisor.children if c.name.startswith("device-")]
 
 
-def check_servers(supervisor: Supervisor) -> None:
-    """MeshflError when the broker or the coordinator has exited."""
+def check_servers(supervisor: Supervisor, stopped: Collection[str] = ()) -> None:
+    """MeshflError when the broker or the coordinator has exited (not one in ``stopped``)."""
     for child in supervisor.children:
+        if child.name in stopped:
+            continue
         if child.name in ("broker", "coordinator") and child.returncode is not None:
             raise MeshflError(f"the {child.name} exited unexpectedly ({child.describe_exit()})")
 
@@ -54,19 +57,43 @@ def monitor(
     config: LocalConfig,
     hooks: Hooks,
     churn: Churn,
+    faults: ProcessFaults | None = None,
 ) -> tuple[JobPublic, list[RoundSummary], dict[str, str]]:
-    """Follow the job to its end: settled rounds to the hooks, churn, failed agents."""
+    """Follow the job to its end: settled rounds to the hooks, churn, failed agents.
+
+    ``faults`` strikes the run's process faults (``--chaos broker=...``) at each poll;
+    the processes it stopped are not failures, and the coordinator is not polled while
+    it is down (nor blamed for refusing connections just after its restart).
+    """
     job_id = job["job_id"]
-    seen, version = 0, 0
+    seen, version, latest = 0, 0, 0
     failed: dict[str, str] = {}
     last_progress = time.monotonic()
     stall_s = 4 * config.round_deadline_s + 60.0
     churn.start()
+    if faults is not None:
+        faults.start()
     while True:
-        check_servers(supervisor)
-        job = admin.job(job_id)
+        stopped: Collection[str] = ()
+        if faults is not None:
+            for line in faults.tick(latest):
+                hooks.say(line)
+            faults.check()
+            stopped = faults.down
+        check_servers(supervisor, stopped)
+        if "coordinator" in stopped:
+            time.sleep(0.1)
+            continue
+        try:
+            job = admin.job(job_id)
+            rounds = admin.rounds(job_id)
+        except CoordinatorUnreachable:
+            if faults is None or not faults.coordinator_recovering():
+                raise
+            time.sleep(0.3)
+            continue
+        latest = max((r["round"] for r in rounds), default=0)
         children = agents(supervisor)
-        rounds = admin.rounds(job_id)
         settled = _settled(rounds, job, children)
         if len(settled) > seen:
             for k in range(seen, len(settled)):
@@ -81,10 +108,12 @@ def monitor(
             version = _say_topology_changes(admin, job, version, hooks)
         for child in children:
             code = child.returncode
-            expected = child.name in churn.killed  # killed on purpose: not a failure
+            expected = child.name in churn.killed or child.name in stopped  # on purpose
             if code not in (None, 0) and child.name not in failed and not expected:
                 failed[child.name] = child.describe_exit()
-        if job["status"] != "running" or all(c.returncode is not None for c in children):
+        if job["status"] != "running" or all(
+            c.returncode is not None and c.name not in stopped for c in children
+        ):
             if hooks.show is not None and len(rounds) > seen:
                 hooks.show(rounds)
             if job["status"] == "running":

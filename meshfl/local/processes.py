@@ -56,6 +56,8 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
 
     @property
     def returncode(self) -> int | None:
@@ -97,11 +99,13 @@ class Supervisor:
     log_dir: Path
     children: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
-        """Start ``python -m meshfl ARGS`` as child ``name``."""
+    def start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, append: bool = False
+    ) -> Child:
+        """Start ``python -m meshfl ARGS`` as child ``name`` (``append``: keep its old log)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "wb") as log:
+        with open(log_path, "ab" if append else "wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "meshfl", *args],
                 stdout=log,
@@ -110,9 +114,32 @@ class Supervisor:
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
-        child = Child(name, process, log_path)
+        child = Child(name, process, log_path, list(args), env)
         self.children.append(child)
         return child
+
+    def child(self, name: str) -> Child | None:
+        """The latest child started as ``name``, or None."""
+        return next((c for c in reversed(self.children) if c.name == name), None)
+
+    def restart(self, name: str) -> Child:
+        """Start child ``name`` again with the same arguments, in its place in the order.
+
+        Its log goes on in the same file. The old process must have exited.
+
+        Raises
+        ------
+        ValueError
+            No child ``name``, or it still runs.
+
+        """
+        old = self.child(name)
+        if old is None or old.returncode is None:
+            raise ValueError(f"{name} is {'unknown' if old is None else 'still running'}")
+        new = self.start(name, old.args, old.env, append=True)
+        self.children.remove(new)
+        self.children[self.children.index(old)] = new
+        return new
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGTERM every child (agents first), then SIGKILL what is left after ``grace_s``."""

@@ -11,11 +11,12 @@ with TLS, a login per device and the fleet's ACL (:mod:`meshfl.local.secure_brok
 from __future__ import annotations
 
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from meshfl.local.chaos import ChaosFleet
 from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
+from meshfl.local.process_faults import ProcessFaults, broker_faults
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
 from meshfl.local.report import build_report, ledger_section, write_report
 from meshfl.local.secure_broker import (
@@ -37,6 +39,9 @@ from meshfl.local.secure_broker import (
 )
 from meshfl.local.shaping import ShapingProxy
 from meshfl.local.validation import topology_fields, validate
+
+if TYPE_CHECKING:
+    from broker.mosquitto import MosquittoProcess
 
 __all__ = ["LocalConfig", "LocalRun", "run_local", "validate"]
 
@@ -200,11 +205,15 @@ def run_local(
     proxies: dict[str, ShapingProxy] = {}
     chaos: ChaosFleet | None = None
     secure: SecureBroker | None = None
+    mosquitto: MosquittoProcess | None = None  # the run's own, for --chaos broker=...
     try:
         if config.secure:
             secure = start_secure_broker(out)
             broker_url = secure.url
             say(SECURITY_LINE)
+        elif config.broker is None and broker_faults(config.chaos):
+            mosquitto = _start_mosquitto(out)
+            broker_url = mosquitto.url
         else:
             broker_url = config.broker or _start_broker(supervisor)
         proxies = start_links(config, broker_url)
@@ -224,7 +233,7 @@ def run_local(
         def start_agent(name: str) -> Child:
             proxy = proxies.get(name)
             port = None if proxy is None else proxy.port
-            if chaos is not None:  # in front of the shaping proxy, if any
+            if chaos is not None and name in chaos.proxies:  # in front of the shaping proxy
                 port = chaos.port(name)
             broker = [] if port is None else ["--broker", f"mqtt://127.0.0.1:{port}"]
             slowdown = [] if name not in slow else ["--slowdown", repr(slow[name])]
@@ -246,8 +255,18 @@ def run_local(
         job = admin.start_job(job["job_id"])
         say(f"{config.agents} agents enrolled; job {job['job_id']} started")
         churn = Churn(config, start_agent)
+        if chaos is not None and chaos.spec.processes:
+            chaos.processes = ProcessFaults(
+                chaos.spec.processes,
+                supervisor,
+                mosquitto,
+                lambda: _coordinator_up(supervisor, url),
+            )
+        faults = None if chaos is None else chaos.processes
         try:
-            final_job, rounds, failed = monitor(admin, supervisor, job, config, hooks, churn)
+            final_job, rounds, failed = monitor(
+                admin, supervisor, job, config, hooks, churn, faults
+            )
         except KeyboardInterrupt:
             raise _interrupted(
                 config, admin, job, started, churn, proxies, dashboard, chaos
@@ -274,6 +293,7 @@ def run_local(
         report["security"] = _security_section(admin, final_job, spec, secure)
         report["chaos"] = None if chaos is None else chaos.report()
         report["ledger"] = _ledger(admin, job["job_id"])
+        report["ledger"]["unmixed"] = _unmixed(admin, final_job)
         say("job ended; fetching the consensus model and checking the ONNX exports")
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
@@ -296,6 +316,8 @@ def run_local(
             chaos.stop()
         if secure is not None:
             secure.stop()
+        if mosquitto is not None:
+            mosquitto.stop()
     return result
 
 
@@ -326,6 +348,23 @@ def _ledger(admin: AdminClient, job_id: str) -> dict[str, Any]:
         return ledger_section(admin.ledger(job_id))
     except MeshflError as exc:
         return {"error": str(exc)}
+
+
+def _unmixed(admin: AdminClient, job: JobPublic) -> int | None:
+    """Neighbours left out of a round's mixing, summed over the devices' round reports.
+
+    ``RoundMetrics.missing`` of every report; None if the coordinator could not be read.
+    Losses the ledger cannot see show here: a neighbour's message that never came before
+    the round went on without it, and nothing of that neighbour came after it.
+    """
+    try:
+        return sum(
+            len(m["missing"])
+            for d in job["devices"]
+            for m in admin.device_metrics(job["job_id"], d["device_id"])
+        )
+    except MeshflError:
+        return None
 
 
 def _onnx_section(
@@ -463,6 +502,31 @@ def _start_broker(supervisor: Supervisor) -> str:
     except MeshflError as exc:
         raise MeshflError(f"the embedded broker failed to start: {exc}") from None
     return f"mqtt://127.0.0.1:{port}"
+
+
+def _start_mosquitto(out: Path) -> MosquittoProcess:
+    """Start the run's own Mosquitto in ``out/broker`` (anonymous, loopback, persistence)."""
+    from broker.mosquitto import MosquittoProcess
+
+    workdir = (out / "broker").resolve()
+    if workdir.exists():  # a previous run's sessions must not come back
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    process = MosquittoProcess(workdir=workdir, start_timeout_s=30.0)
+    try:
+        process.start()
+    except ConfigError:
+        raise
+    except MeshflError as exc:
+        raise MeshflError(f"the Mosquitto broker failed to start: {exc}") from None
+    return process
+
+
+def _coordinator_up(supervisor: Supervisor, url: str) -> None:
+    """Wait until the restarted coordinator at ``url`` listens again."""
+    child = supervisor.child("coordinator")
+    port = int(url.rsplit(":", 1)[1])
+    wait_for_port("127.0.0.1", port, 60.0, alive=child)
 
 
 def _start_coordinator(

@@ -7,6 +7,7 @@ back whole packets with the proxy's own splitter.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from meshfl.errors import ConfigError, WireError
-from meshfl.local.chaos import Partition, parse_chaos
+from meshfl.local.chaos import Partition, chaos_line, parse_chaos
 from meshfl.local.chaos_proxy import ChaosProxy, Faults
 from meshfl.local.mqtt_frames import (
     PacketSplitter,
@@ -26,6 +27,7 @@ from meshfl.local.mqtt_frames import (
     parse_publish,
     puback,
 )
+from meshfl.local.process_faults import ProcessFault, broker_faults
 from meshfl.local.run import LocalConfig, validate
 from meshfl.wire import delta_topic, status_topic
 from meshfl.wire.chunking import split_message
@@ -306,11 +308,75 @@ def test_a_spec_parses_into_faults_a_seed_and_partitions() -> None:
         ("partition=device-1@\u00b3:5", "use DEVICE@ROUND:SECONDS"),
         ("drop", "use KEY=VALUE pairs"),
         (",", "injects nothing"),
+        ("broker=5", r"use broker=ROUND:term\|kill\[:SECONDS\]"),
+        ("broker=5:stop", r"use broker=ROUND:term\|kill"),
+        ("broker=0:kill", "use broker=ROUND"),
+        ("broker=x:kill", "use broker=ROUND"),
+        ("broker=5:kill:0", r"SECONDS must be in \(0, 600\]"),
+        ("broker=5:kill:nan", "SECONDS must be in"),
+        ("broker=5:kill:2:3", "use broker=ROUND"),
+        ("broker=\u00b3:kill", "use broker=ROUND"),
+        ("coordinator=5:kill", "use coordinator=ROUND\\[:SECONDS\\]"),
+        ("coordinator=-1", "use coordinator=ROUND"),
+        ("coordinator=5:1e9", "SECONDS must be in"),
+        ("restart=5", r"use restart=DEVICE@ROUND\[:SECONDS\]"),
+        ("restart=laptop@5", "is not a device"),
+        ("restart=2@", "use restart=DEVICE@ROUND"),
+        ("restart=2@5:-1", "SECONDS must be in"),
     ],
 )
 def test_bad_specs_are_refused_in_one_line(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:
         parse_chaos(spec)
+    assert "\n" not in str(caught.value)
+
+
+def test_process_faults_parse_with_their_default_down_times() -> None:
+    spec = parse_chaos("broker=5:term, broker=9:KILL:0.5,coordinator=7,restart=2@6:3.5")
+    assert spec.processes == (
+        ProcessFault("broker", 5, 2.0, signal.SIGTERM),
+        ProcessFault("broker", 9, 0.5, signal.SIGKILL),
+        ProcessFault("coordinator", 7, 2.0, signal.SIGKILL),
+        ProcessFault("device-2", 6, 3.5, signal.SIGKILL),
+    )
+    assert parse_chaos("restart=device-3@4").processes == (
+        ProcessFault("device-3", 4, 1.0, signal.SIGKILL),
+    )
+    assert not spec.network and spec.faults == Faults()  # no proxy for process faults
+    mixed = parse_chaos("drop=0,coordinator=3")
+    assert mixed.network and mixed.processes[0].key == "coordinator"
+    assert broker_faults("drop=0.1, Broker=3:kill") and not broker_faults("coordinator=3")
+
+
+def test_the_chaos_line_names_each_process_fault() -> None:
+    section = {
+        "totals": {},
+        "devices": {},
+        "partitions": [],
+        "processes": [
+            {"target": "broker", "signal": "SIGKILL", "round": 10, "at_s": 3.0,
+             "restarted_at_s": 5.25},
+            {"target": "device-2", "signal": "SIGKILL", "round": 12, "at_s": 6.0,
+             "restarted_at_s": None},
+        ],
+    }  # fmt: skip
+    assert chaos_line(section) == (
+        "chaos: broker SIGKILL in round 10, back after 2.2 s;"
+        " device-2 SIGKILL in round 12, never restarted"
+    )
+
+
+def test_a_broker_fault_without_mosquitto_names_the_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import broker.mosquitto
+
+    def missing() -> str:
+        raise ConfigError("mosquitto not found")
+
+    monkeypatch.setattr(broker.mosquitto, "find_mosquitto", missing)
+    with pytest.raises(ConfigError, match="apt-get install mosquitto") as caught:
+        validate(LocalConfig(agents=4, rounds=6, chaos="broker=2:term"))
     assert "\n" not in str(caught.value)
 
 
@@ -321,6 +387,15 @@ def test_bad_specs_are_refused_in_one_line(spec: str, message: str) -> None:
         ({"chaos": "partition=1@6:10"}, r"use a round in 1\.\.5"),
         ({"chaos": "drop=0.1", "secure": True}, "TLS hides them"),
         ({"chaos": "drop=0.1", "broker": "mqtts://broker:8883"}, "TLS hides them"),
+        ({"chaos": "coordinator=6"}, r"coordinator=6: use a round in 1\.\.5"),
+        ({"chaos": "restart=device-9@2"}, "device-9 is not in this fleet"),
+        ({"chaos": "restart=2@3", "kill": (("device-2", 4),)}, "--kill also names device-2"),
+        ({"chaos": "restart=4@2", "join_at": (3,)}, "it joins after round 3; restart it later"),
+        ({"chaos": "broker=2:kill,broker=2:term"}, "broker is stopped twice in round 2"),
+        (
+            {"chaos": "broker=2:kill", "broker": "mqtt://127.0.0.1:1883"},
+            "restarts only a broker it starts itself; drop --broker",
+        ),
     ],
 )
 def test_the_run_refuses_chaos_that_cannot_apply(options: dict[str, object], message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,12 +13,16 @@ from typing import Any
 import pydantic
 import pytest
 import sqlalchemy as sa
+from limits import parse
+from limits.storage import MemoryStorage
+from limits.strategies import FixedWindowRateLimiter
 from postgres import PG_URL, postgres_or_skip
 
 from coordinator import CoordinatorSettings, create_app, store, tokens
 from coordinator.db import ApiToken, EnrolmentToken, make_engine, make_sessionmaker
 from coordinator.errors import Unauthorized
 from coordinator.migrate import upgrade
+from coordinator.ratelimit import SweptMemoryStorage
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -444,6 +449,38 @@ def test_empty_limits_switch_rate_limiting_off_and_slow_heartbeats_are_refused(
         CoordinatorSettings(rate_limit_heartbeat="5/second")
     with pytest.raises(pydantic.ValidationError, match="not a rate limit"):
         CoordinatorSettings(rate_limit_device="lots")
+
+
+def test_the_rate_limit_memory_is_swept_at_most_once_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # limits' MemoryStorage starts a sweeping Timer thread 10 ms after any hit; the
+    # coordinator's storage starts one per sweep_s at most (W5: a third of a heartbeat's CPU).
+    assert hasattr(MemoryStorage, "_MemoryStorage__schedule_expiry")  # the hook overridden
+    started: list[threading.Timer] = []
+
+    class CountedTimer(threading.Timer):
+        def start(self) -> None:
+            started.append(self)
+            super().start()
+
+    monkeypatch.setattr(threading, "Timer", CountedTimer)
+    storage = SweptMemoryStorage(sweep_s=0.3)
+    limiter = FixedWindowRateLimiter(storage)
+    item = parse("2/second")
+    deadline = time.monotonic() + 0.2  # 20 of the library's 10 ms sweep periods
+    identities = 0
+    while time.monotonic() < deadline:
+        assert limiter.hit(item, "heartbeat", f"device-{identities}")
+        identities += 1
+        time.sleep(0.001)
+    assert len(started) <= 2  # the library's first timer, one sweep
+    assert [limiter.hit(item, "heartbeat", "one") for _ in range(3)] == [True, True, False]
+    time.sleep(1.1)  # every window has ended: the next sweep frees them
+    assert limiter.hit(item, "heartbeat", "one")  # an expired window counts afresh
+    for timer in started:
+        timer.join(timeout=5)
+    assert set(storage.storage) == {"LIMITER/heartbeat/one/2/1/second"}
 
 
 def test_openapi_documents_problem_statuses_and_closed_bodies(client: TestClient) -> None:

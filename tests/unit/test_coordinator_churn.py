@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_coordinator_plan import ADMIN_H, API, Fleet, by_id
 
-from coordinator.churn import MISSED_BY_ALL
+from coordinator.churn import MISSED_BY_ALL, REJOINED
 from meshfl.topology import exponential, metropolis_hastings
 
 
@@ -49,6 +49,7 @@ def test_a_silent_device_leaves_and_the_graph_is_replanned(fleet: Fleet) -> None
 
     topo = fleet.topology(job_id)
     job = by_id(fleet.job(job_id))
+    fleet.done(job_id, ids[2])  # its agent saw v2 on the control topic and stopped
     gone = fleet.assignment(ids[2]).json()
     stays = fleet.assignment(ids[1]).json()
     leave = topo["events"][-1]
@@ -254,3 +255,109 @@ def test_joins_and_leaves_make_successive_versions_one_peer(fleet: Fleet) -> Non
     ]  # fmt: skip
     assert topo["devices"] == [*ids[1:], late]
     assert [m["version"] for _, m in fleet.published] == [1, 2, 3]
+
+
+# --- re-admission of a participant taken out while silent ------------------------------------
+
+
+def taken_out(fleet: Fleet, **overrides: Any) -> tuple[str, list[str]]:
+    """pi-2 of 3 silent for 61 s: version 2 without it, from round 6."""
+    job_id, ids = started(fleet, 3, **overrides)
+    for rnd in (1, 2):
+        all_report(fleet, job_id, ids, rnd)
+    fleet.now = 1_030.0
+    all_report(fleet, job_id, ids[:2], 3)
+    fleet.now = 1_061.0
+    fleet.report(job_id, ids[0], 4)
+    fleet.report(job_id, ids[1], 4)
+    assert fleet.topology(job_id)["devices"] == ids[:2]
+    return job_id, ids
+
+
+def test_a_device_taken_out_while_silent_is_taken_back_when_it_asks_again(fleet: Fleet) -> None:
+    job_id, ids = taken_out(fleet)  # not elastic: a rebooted device is no new member
+    fleet.now = 1_070.0
+
+    back = fleet.assignment(ids[2]).json()
+    reported = fleet.report(job_id, ids[2], 6)
+
+    topo = fleet.topology(job_id)
+    job = by_id(fleet.job(job_id))
+    assert (topo["version"], topo["from_round"], topo["devices"]) == (3, 6, ids)
+    assert topo["events"][-1] == {"version": 3, "from_round": 6, "kind": "join",
+                                  "device_id": ids[2], "reason": REJOINED,
+                                  "at": 1_070.0}  # fmt: skip
+    assert [e["kind"] for e in topo["events"]] == ["start", "leave", "join"]
+    assert (back["position"], back["index"], back["start_round"]) == (2, 2, 6)
+    assert (back["topology_version"], back["from_round"]) == (3, 6)
+    assert {n["device_id"] for n in back["neighbours"]} <= set(ids[:2]) and back["neighbours"]
+    assert (job[ids[2]]["left_round"], job[ids[2]]["joined_round"]) == (None, 6)
+    assert not job[ids[2]]["done"] and job[ids[2]]["error"] is None
+    assert reported == 204 and job[ids[2]]["rounds_reported"] == 3  # rounds 1, 2 and 6
+    assert fleet.assignment(ids[2]).json()["topology_version"] == 3  # taken back once
+    assert [m["version"] for _, m in fleet.published] == [1, 2, 3]
+
+
+def test_a_device_that_stopped_after_it_was_taken_out_is_not_taken_back(fleet: Fleet) -> None:
+    job_id, ids = taken_out(fleet)
+    fleet.done(job_id, ids[2])  # its agent saw that it left and posted done
+
+    gone = fleet.assignment(ids[2]).json()
+
+    assert gone["position"] == -1 and fleet.topology(job_id)["version"] == 2
+
+
+def test_a_revoked_device_is_not_taken_back(fleet: Fleet) -> None:
+    job_id, ids = taken_out(fleet)
+    revoked = fleet.client.post(f"{API}/devices/{ids[2]}/revoke", headers=ADMIN_H)
+
+    asked = fleet.assignment(ids[2])
+
+    assert revoked.status_code == 200 and asked.status_code == 401
+    assert fleet.topology(job_id)["version"] == 2
+    assert by_id(fleet.job(job_id))[ids[2]]["left_round"] == 6
+
+
+def test_a_drained_device_is_not_taken_back_even_once_undrained(fleet: Fleet) -> None:
+    job_id, ids = started(fleet, 3)
+    all_report(fleet, job_id, ids, 1)
+    drained = fleet.client.post(f"{API}/devices/{ids[2]}/drain", headers=ADMIN_H)
+    draining = fleet.assignment(ids[2]).json()
+    undrained = fleet.client.post(f"{API}/devices/{ids[2]}/undrain", headers=ADMIN_H)
+
+    active = fleet.assignment(ids[2]).json()
+
+    assert drained.status_code == undrained.status_code == 200
+    assert draining["position"] == active["position"] == -1
+    topo = fleet.topology(job_id)
+    assert topo["version"] == 2 and topo["devices"] == ids[:2]
+
+
+def test_a_completed_job_is_not_reopened(fleet: Fleet) -> None:
+    job_id, ids = taken_out(fleet)
+    fleet.done(job_id, ids[0])
+    fleet.done(job_id, ids[1])
+
+    late = fleet.assignment(ids[2])
+
+    job = by_id(fleet.job(job_id))
+    assert fleet.job(job_id)["status"] == "completed"
+    assert late.status_code == 204  # no job for it: it left, and the job ended
+    assert fleet.topology(job_id)["version"] == 2 and job[ids[2]]["left_round"] == 6
+
+
+def test_no_taking_back_when_the_change_would_come_after_the_last_round(fleet: Fleet) -> None:
+    job_id, ids = taken_out(fleet, rounds=5)  # the next boundary is round 6
+
+    gone = fleet.assignment(ids[2]).json()
+
+    assert gone["position"] == -1 and fleet.topology(job_id)["version"] == 2
+
+
+def test_a_secure_aggregation_job_does_not_take_a_device_back(fleet: Fleet) -> None:
+    # A restarted agent lost its per-job keys (docs/privacy.md, "Limits").
+    job_id, ids = taken_out(fleet, codec="int8", secure_aggregation=2, rounds=20)
+
+    gone = fleet.assignment(ids[2]).json()
+
+    assert gone["position"] == -1 and fleet.topology(job_id)["version"] == 2

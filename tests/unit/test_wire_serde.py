@@ -101,8 +101,8 @@ def test_public_names_are_exactly_all() -> None:
         "WIRE_VERSION", "DEFAULT_MAX_PAYLOAD", "DType", "MessageKind", "TensorEntry",
         "Envelope", "new_message_id", "encode_envelope", "decode_envelope", "split_message",
         "pack_message", "Reassembler", "ReassemblyStats", "delta_topic", "status_topic",
-        "inbox_topic", "inbox_filter", "control_topic", "parse_topic", "TopicInfo", "validate_id", "probe_topic",
-        "status_filter",
+        "inbox_topic", "inbox_filter", "control_topic", "parse_topic", "TopicInfo",
+        "validate_id", "probe_topic", "status_filter",
     }  # fmt: skip
     public = {n for n in dir(meshfl.wire) if not n.startswith("_")}
     assert set(meshfl.wire.__all__) == expected

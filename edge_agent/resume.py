@@ -1,0 +1,229 @@
+"""A gossip job's checkpoints on the device: written every round, resumed after a restart.
+
+:class:`Resumer` is the job runner's (:class:`~edge_agent.job.JobRunner`) one seam to
+:mod:`edge_agent.checkpoint`. Its life in one run of a job:
+
+1. :meth:`Resumer.load` — before the engine is built: the job's usable checkpoint, if
+   any (its ``first_sequence`` is the engine's first sequence number);
+2. :meth:`Resumer.restore` — the checkpoint's model, shuffling state, CHOCO's own
+   replica x̂_i and ε put back; every neighbour is asked for a keyframe;
+3. :meth:`Resumer.first_round` — after the engine started: the round to run next
+   (the one after the checkpoint's; round 1 is never run again) and the catch-up;
+4. :meth:`Resumer.no_wait` each round, :meth:`Resumer.save` after each round, and
+   :meth:`Resumer.remove` when the job ends for this device.
+
+**Catch-up.** The neighbours went on while this device was down, so their messages of
+the rounds it now runs were sent long ago. It waits for their keyframes (their latest
+state), then runs the rounds up to theirs without waiting for them — training, and
+mixing with the replicas their keyframes set — and from then on waits as usual. A
+device the coordinator took out while it was down and took back when it asked again
+(``docs/reliability.md``, "Checkpoints and resume") has an assignment whose
+``start_round`` is after its checkpoint: it catches up the same way, at least up to
+that round, from which its neighbours mix it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edge_agent.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    algorithm_state,
+    restore_algorithm,
+    spec_digest,
+)
+from meshfl.contract import JobSpec
+
+if TYPE_CHECKING:
+    from edge_agent.engine import GossipEngine
+    from edge_agent.trainer import Trainer
+    from edge_agent.versions import TopologyVersion
+
+__all__ = ["Resumer"]
+
+log = logging.getLogger("meshfl.agent.job")
+
+
+class Resumer:
+    """Checkpoints of one gossip job of one agent (see the module docstring).
+
+    Parameters
+    ----------
+    out : Path
+        The agent's output folder (``--out``); files go to ``<out>/state/<name>/``.
+    name : str
+        The agent's device name (``--name``).
+    job_id : str
+        The job.
+    spec : JobSpec
+        The job's spec: its digest must match a checkpoint's, ``rounds`` bounds its
+        round and ``round_deadline_s`` (seconds) sets the keyframe wait.
+
+    Attributes
+    ----------
+    checkpoint : Checkpoint or None
+        The checkpoint this run resumed from (None: it started afresh).
+    behind_until : int
+        Rounds before this one wait for no neighbour (0: none).
+    save_s : list of float
+        Seconds each checkpoint write took (fsync included).
+
+    """
+
+    def __init__(self, out: Path, name: str, job_id: str, spec: JobSpec) -> None:
+        self.store = CheckpointStore(out, name)
+        self.job_id = job_id
+        self.spec = spec
+        self.spec_hash = spec_digest(spec)
+        self.checkpoint: Checkpoint | None = None
+        self.behind_until = 0
+        self.save_s: list[float] = []
+
+    def load(self, trainer: Trainer, topo: TopologyVersion) -> Checkpoint | None:
+        """The job's usable checkpoint, kept as :attr:`checkpoint`; None if there is none.
+
+        A checkpoint of a device that is no longer a participant (``topo`` removed it:
+        the coordinator did not take it back) is deleted with a warning.
+        """
+        checkpoint = self.store.load(
+            self.job_id,
+            spec_hash=self.spec_hash,
+            model_hash=trainer.spec_hash,
+            layout=trainer.params(),
+            rounds=int(self.spec["rounds"]),
+            shuffle_size=len(trainer.shuffle_state()),
+        )
+        if checkpoint is not None and topo.removed:
+            log.warning(
+                "this device was taken out of job %s while it was down (topology v%d):"
+                " its checkpoint of round %d is of no use",
+                self.job_id,
+                topo.version,
+                checkpoint.round,
+            )
+            self.store.remove(self.job_id)
+            checkpoint = None
+        self.checkpoint = checkpoint
+        return checkpoint
+
+    def restore(self, engine: GossipEngine, trainer: Trainer, topo: TopologyVersion) -> None:
+        """Put :attr:`checkpoint`'s state back, before the engine starts (no-op without one).
+
+        The model, the shuffling generator and CHOCO's x̂_i; the replicas of every
+        neighbour are dropped and asked for again as keyframes (they went stale while
+        this device was down); the engine's first message is a keyframe (it was built
+        with the checkpoint's ``first_sequence``). ε is the caller's
+        (``checkpoint.epsilon``).
+        """
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            return
+        trainer.set_params(checkpoint.params)
+        trainer.set_shuffle_state(checkpoint.shuffle)
+        restore_algorithm(engine.algorithm, checkpoint)
+        engine.request_keyframes(topo.peers())
+
+    def first_round(self, engine: GossipEngine, start_round: int, topo: TopologyVersion) -> int:
+        """The round to run next after :meth:`restore`; catch up with the neighbours.
+
+        ``start_round`` is the assignment's (1-based). Returns the checkpoint's round + 1
+        and logs ``resuming job J at round R from its checkpoint of round C``; waits up to
+        ``min(60, max(5, 2 · round_deadline_s))`` seconds for the neighbours' keyframes
+        and sets :attr:`behind_until` to the later of their round and ``start_round``
+        (rounds before it wait for nobody).
+
+        Raises
+        ------
+        ValueError
+            There is no checkpoint (:meth:`load` found none).
+
+        """
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            raise ValueError("first_round needs a checkpoint: load() found none")
+        round_ = checkpoint.round + 1
+        log.info(
+            "resuming job %s at round %d from its checkpoint of round %d (%.1f s old);"
+            " sequence numbers from %d, keyframes asked of %s",
+            self.job_id,
+            round_,
+            checkpoint.round,
+            max(0.0, time.time() - checkpoint.written_at),
+            checkpoint.first_sequence + 1,
+            ", ".join(sorted(topo.peers())) or "nobody",
+        )
+        if start_round > round_:
+            log.info(
+                "taken back into job %s from round %d: rounds %d-%d catch up alone",
+                self.job_id,
+                start_round,
+                round_,
+                start_round - 1,
+            )
+        self.behind_until = start_round
+        if topo.peers():
+            self._resync(engine, round_)
+        return round_
+
+    def _resync(self, engine: GossipEngine, round_: int) -> None:
+        """Wait for the neighbours' keyframes; if they are ahead, catch up without waiting."""
+        timeout_s = min(60.0, max(5.0, 2 * float(self.spec["round_deadline_s"])))
+        caught = engine.catch_up(timeout_s)  # this device keeps its own model
+        if caught is None:
+            log.warning("no neighbour's keyframe within %.0f s: going on alone", timeout_s)
+            return
+        self.behind_until = max(self.behind_until, caught[0])
+        if self.behind_until > round_:
+            log.info(
+                "neighbours are at round %d: rounds %d-%d mix with their keyframes without waiting",
+                caught[0],
+                round_,
+                self.behind_until - 1,
+            )
+
+    def no_wait(self, round_: int, neighbours: Collection[str]) -> set[str]:
+        """The neighbours not to wait for at ``round_``: all of them while catching up."""
+        return set(neighbours) if round_ < self.behind_until else set()
+
+    def save(
+        self, engine: GossipEngine, trainer: Trainer, round_: int, epsilon: float | None
+    ) -> None:
+        """Write the job's checkpoint after ``round_``; a failure is logged, never raised.
+
+        ``epsilon``: the DP budget spent so far (None: not a DP job).
+        """
+        own, meta = algorithm_state(engine.algorithm)
+        checkpoint = Checkpoint(
+            job_id=self.job_id,
+            round=round_,
+            sequence=engine.sequence,
+            spec_hash=self.spec_hash,
+            model_hash=trainer.spec_hash,
+            params=trainer.params(),
+            shuffle=trainer.shuffle_state(),
+            own_replica=own,
+            algorithm=meta,
+            epsilon=epsilon,
+            written_at=time.time(),
+        )
+        try:
+            seconds = self.store.save(checkpoint)
+        except OSError as exc:
+            log.warning(
+                "round %d: could not write the checkpoint (%s); a restart would run the job"
+                " from round 1",
+                round_,
+                exc.strerror or exc,
+            )
+            return
+        self.save_s.append(seconds)
+        log.debug("round %d: checkpoint written in %.1f ms", round_, 1000 * seconds)
+
+    def remove(self) -> None:
+        """Delete the job's checkpoint: the job is over for this device."""
+        self.store.remove(self.job_id)

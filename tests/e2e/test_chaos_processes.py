@@ -1,0 +1,137 @@
+"""Process faults of ``meshfl local --chaos`` end to end (issue 7): broker and coordinator.
+
+Each scenario runs a job like ``tests/e2e/test_chaos.py``'s (4 agents, digits, ring, 30
+rounds, seed 0) with one process killed during round 10 and restarted 2 s later, and
+compares it with one fault-free run of the same job (a module fixture). The broker
+scenarios run on the run's own Mosquitto (``meshfl local`` starts one for ``broker=``
+faults: amqtt keeps no state across a restart); the others on amqtt.
+
+The round deadline is 10 s, as in the partition scenario: a round must outlast the broker's
+2 s down time plus the agents' reconnect backoff (0.5 s doubling, jittered: they are back
+2-7 s after the kill). With the 3 s deadline of the packet-fault scenario the agents go on
+without their neighbours once a deadline passed, race through the rest of the job alone,
+and end 3-8 points below the fault-free run (docs/reliability.md, "Process faults").
+A fault-free run does not depend on the deadline: every message arrives in time.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.ports import free_port, wait_for_port
+from meshfl.local.process_faults import ProcessFault, ProcessFaults
+from meshfl.local.processes import Supervisor
+from meshfl.local.run import LocalConfig, LocalRun, run_local
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+JOB = LocalConfig(agents=4, rounds=30, dataset="digits", seed=0, round_deadline_s=10.0)
+DEGREE = 2
+"""Ring: each message is for two neighbours."""
+
+
+@pytest.fixture(scope="module")
+def calm(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    """The job without faults: the accuracy every scenario is held to."""
+    return run_local(replace(JOB, out=tmp_path_factory.mktemp("calm")))
+
+
+def _run(tmp_path: Path, chaos: str) -> tuple[LocalRun, list[str]]:
+    notes: list[str] = []
+    result = run_local(replace(JOB, chaos=chaos, out=tmp_path / "run"), notify=notes.append)
+    return result, notes
+
+
+def _assert_recovered(result: LocalRun, calm: LocalRun) -> dict[str, Any]:
+    """The issue's acceptance: finished, every round, accuracy, and the ledger."""
+    report = result.report
+    assert report["status"] == "completed"
+    assert not result.failed_agents
+    assert [r["round"] for r in report["rounds"]] == list(range(1, 31))
+    for device in report["devices"]:  # every device reported every round, none left
+        assert device["missing_rounds"] == [] and device["left_round"] is None, device
+    ledger = report["ledger"]
+    totals = ledger["totals"]
+    assert totals["applied_twice"] == 0 and totals["corrupted_applied"] == 0
+    assert totals["missing"] + totals["awaiting_keyframe"] == (
+        totals["delivered_late"] + totals["recovered_by_keyframe"] + totals["unrecovered_losses"]
+    )
+    # Every message addressed to a neighbour was applied, repaired by a keyframe,
+    # reported lost, or its receiver reported mixing without it (RoundMetrics.missing).
+    accounted = (
+        totals["applied"]
+        + totals["recovered_by_keyframe"]
+        + totals["unrecovered_losses"]
+        + ledger["unmixed"]
+    )
+    assert accounted >= DEGREE * totals["sent"], ledger
+    stormy = report["final"]["mean_accuracy"]
+    baseline = calm.report["final"]["mean_accuracy"]
+    assert abs(stormy - baseline) <= 0.01, (stormy, baseline)
+    (event,) = report["chaos"]["processes"]
+    assert isinstance(event, dict)
+    assert event["round"] == 10 and event["reported_round"] >= 9
+    assert event["restarted_at_s"] - event["at_s"] >= event["down_s"] == 2.0
+    return event
+
+
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_the_job_rides_through_a_broker_stopped_mid_round(
+    tmp_path: Path, calm: LocalRun, how: str
+) -> None:
+    result, notes = _run(tmp_path, f"broker=10:{how}")
+
+    event = _assert_recovered(result, calm)
+    assert event["target"] == "broker"
+    assert event["signal"] == ("SIGTERM" if how == "term" else "SIGKILL")
+    assert f"round 10: broker {event['signal']}; restarting it in 2 s" in notes
+    assert "broker restarted" in notes
+    assert (tmp_path / "run" / "broker" / "mosquitto.conf").exists()  # the run's own
+    assert result.report["chaos"]["devices"] == {}  # no proxies: process faults only
+
+
+def test_the_job_rides_through_a_coordinator_killed_mid_job(tmp_path: Path, calm: LocalRun) -> None:
+    result, notes = _run(tmp_path, "coordinator=10")
+
+    event = _assert_recovered(result, calm)
+    assert (event["target"], event["signal"]) == ("coordinator", "SIGKILL")
+    assert "coordinator restarted" in notes
+    log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
+    assert log.count("meshfl coordinator\n") == 2  # one log, two processes
+
+
+def test_the_harness_kills_an_agent_and_starts_the_same_command_again(tmp_path: Path) -> None:
+    # The agent restart of ``restart=DEVICE@ROUND``, on a stand-in process that listens
+    # on a port (the embedded broker): same command line, same log, a new process.
+    port = free_port()
+    supervisor = Supervisor(tmp_path / "logs")
+    first = supervisor.start("device-1", ["broker", "serve", "--port", str(port)])
+    try:
+        assert wait_for_port("127.0.0.1", port, 30.0)
+        fault = ProcessFault("device-1", 5, 0.5, signal.SIGKILL)
+        faults = ProcessFaults((fault,), supervisor, None, lambda: None)
+        faults.start()
+
+        assert faults.tick(3) == []  # round 5 is not reached before round 4 is reported
+        (line,) = faults.tick(4)
+        assert line == "round 5: device-1 SIGKILL; restarting it in 0.5 s"
+        assert first.returncode == -signal.SIGKILL and faults.down == {"device-1"}
+        time.sleep(0.6)
+        assert faults.tick(4) == ["device-1 restarted"]
+
+        second = supervisor.child("device-1")
+        assert second is not None and second is not first and second.returncode is None
+        assert supervisor.children == [second] and second.args == first.args
+        assert wait_for_port("127.0.0.1", port, 30.0)  # it came back on its port
+        assert faults.down == set()
+        (event,) = faults.report()
+        assert event["restarted_at_s"] - event["at_s"] >= 0.5
+        assert second.log_path == first.log_path
+    finally:
+        supervisor.stop_all()
