@@ -32,7 +32,7 @@ lint-imports
 if [ "$#" -gt 0 ]; then
   pytest -q -p no:cacheprovider "$@"
 else
-  pytest -q -p no:cacheprovider -m "not fuzz"
+  pytest -q -p no:cacheprovider --durations=25 -m "not fuzz"
   # The OpenAPI fuzzing is CPU-bound generation, one test per operation: both cores.
   pytest -q -p no:cacheprovider -n 2 -m fuzz tests/contract
 fi
