@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import threading
+import warnings
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -152,6 +154,12 @@ class EmbeddedBroker:
         self._thread = None
         self._loop = None
         self._broker = None
+        # amqtt drops, unclosed, the server side of a connection that closed before its
+        # CONNECT (a link probe's, a port check's): collect those sockets now, quietly,
+        # rather than let their ResourceWarning fire later in someone else's code.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
         _log.info("embedded MQTT broker on %s:%d stopped", self.host, self.port)
 
     def __enter__(self) -> EmbeddedBroker:

@@ -66,7 +66,8 @@ class AgentConfig:
     (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks).
     ``broker_ca`` is the PEM file of the CA of an ``mqtts://`` broker's certificate; None
     uses the one given at enrolment (saved as ``<out>/<name>.broker-ca.pem``), else the
-    system's CA store.
+    system's CA store. ``keepalive_s`` is the MQTT keepalive (seconds, default 30): the
+    broker publishes the agent's Last Will after 1.5× this without a packet.
     """
 
     coordinator: str
@@ -85,6 +86,7 @@ class AgentConfig:
     profile_refresh_s: float = 300.0
     slowdown: float = 1.0
     broker_ca: Path | None = None
+    keepalive_s: int = 30
 
 
 def run_agent(
@@ -364,4 +366,5 @@ def _broker_transport(config: AgentConfig, enrolment: EnrolResponse, broker: str
         username=enrolment.get("broker_username"),
         password=enrolment.get("broker_password"),
         ca_file=ca_file,
+        keepalive_s=config.keepalive_s,
     )

@@ -87,21 +87,33 @@ Params = Mapping[str, np.ndarray]
 MODES = ("sync", "async")
 MAX_OUTAGE_WAIT_S = 300.0
 """Longest a round waits past its deadline while this device's broker connection is down."""
+WILL_SETTLE_S = 1.0
+"""Seconds a neighbour's "offline" status waits before a round stops waiting for it.
+A broker that stops cleanly publishes every client's Last Will just before it closes
+the connections: the marks that came in the second before this device's own connection
+dropped are the broker's doing, not the neighbours' (ignored after the reconnect)."""
 MIN_REPAIR_AFTER_S = 0.2
 MAX_REPAIR_AFTER_S = 2.0
 """Bounds of ``repair_after_s`` (deadline / 8 between them)."""
 
 
 def status_payload(
-    state: str, job: str | None = None, round_: int | None = None, need: Collection[str] = ()
+    state: str,
+    job: str | None = None,
+    round_: int | None = None,
+    need: Collection[str] = (),
+    done: bool = False,
 ) -> bytes:
     """The JSON body of a device's retained status (``online``/``offline``/``declined``).
 
-    ``need`` lists the peers whose keyframe the device is waiting for.
+    ``need`` lists the peers whose keyframe the device is waiting for; ``done`` says it
+    mixed its last round of the job and waits for nothing more (:meth:`GossipEngine.linger`).
     """
     body: dict[str, Any] = {"state": state, "job": job, "round": round_}
     if need:
         body["need"] = sorted(need)
+    if done:
+        body["done"] = True
     return json.dumps(body).encode()
 
 
@@ -207,6 +219,7 @@ class GossipEngine(Inbox):
         self._served: dict[str, float] = {}  # peer → when its last request was answered
         self._reconnects = 0  # the transport's reconnects when the status was last published
         self._reconnected_at = -1e9  # clock() when a reconnect was last noticed
+        self._done_self = False  # announced done (linger)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -233,10 +246,27 @@ class GossipEngine(Inbox):
     def _publish_status(self) -> None:
         self.transport.publish(
             status_topic(self.fleet, self.device_id),
-            status_payload("online", self.job_id, self._round, self._need),
+            status_payload("online", self.job_id, self._round, self._need, self._done_self),
             qos=1,
             retain=True,
         )
+
+    def linger(self, timeout_s: float) -> None:
+        """After this device's last round: answer repair requests until the neighbours are done.
+
+        The last message has no later round in which a lost copy would be asked for again,
+        so the device announces ``done`` (its status) and keeps handling its inbox —
+        repair requests included (:mod:`edge_agent.outbox`) — until every neighbour is
+        done, has left or is offline, or ``timeout_s`` seconds passed (the job uses the
+        round deadline: no neighbour waits longer for the message).
+        """
+        self._done_self = True
+        self._publish_status()
+        end = self.clock() + timeout_s
+        while not self.peers <= self._done | self._offline:
+            if not self._wait_one(end):
+                log.debug("linger: %s not done", sorted(self.peers - self._done - self._offline))
+                return
 
     def leave(self) -> None:
         """Announce that this device left the job (finished, stopped or failed)."""
@@ -450,12 +480,16 @@ class GossipEngine(Inbox):
         if not self.transport.connected:
             cap = published + self.deadline_s + MAX_OUTAGE_WAIT_S
             return min(max(deadline, now + self.deadline_s), cap)
+        self._notice_reconnect()
+        return deadline
+
+    def _notice_reconnect(self) -> None:
+        """Once per reconnect: start the grace of ``_round_complete``, publish the status."""
         if self.transport.reconnects != self._reconnects:
             self._reconnects = self.transport.reconnects
-            self._reconnected_at = now
+            self._reconnected_at = self.clock()
             log.info("reconnected: announcing this device's status again")
             self._publish_status()
-        return deadline
 
     # -- repairs (edge_agent.outbox) ----------------------------------------------------
 
@@ -511,8 +545,12 @@ class GossipEngine(Inbox):
     def _round_complete(self, round_: int, row: set[str]) -> bool:
         if not self.transport.connected:
             return False  # nothing can arrive: wait out the outage (_through_outage)
-        offline, suspected = self._offline, self._suspected
-        if self.clock() - self._reconnected_at < self.deadline_s:
+        self._notice_reconnect()
+        now = self.clock()
+        settled = now - WILL_SETTLE_S
+        offline = {p for p in self._offline if self._offline_at.get(p, -1e9) <= settled}
+        suspected = self._suspected
+        if now - self._reconnected_at < self.deadline_s:
             # Just back from an outage: the broker may still hold neighbours' Last Wills
             # from its own shutdown, and the outage made them miss a round, until they
             # reconnect and announce themselves again.

@@ -60,7 +60,7 @@ log = logging.getLogger("meshfl.agent.engine")
 
 FIRST_CONTACT_ROUNDS = 2
 """Rounds beyond ``staleness`` a first message from a sender may lag this device's round
-(older: refused as replayed; later messages are held to their sequence numbers)."""
+(older: dropped as stale; later messages are held to their sequence numbers)."""
 
 REORDER_WINDOW = 64
 """Sequence numbers a CHOCO difference may run ahead of its replica and still be held for
@@ -146,9 +146,11 @@ class Inbox(Mailbox):
         self._held: dict[int, list[Envelope]] = {}
         self._latest_round: dict[str, int] = {}
         self._offline: set[str] = set()
+        self._offline_at: dict[str, float] = {}  # peer → clock() of its "offline" status
         self._suspected: set[str] = set()
         self._heard: set[str] = set()  # peers with a new message since the last round ended
         self._ready: set[str] = set()
+        self._done: set[str] = set()  # peers that mixed their last round (status "done")
         self._need: set[str] = set()
         self._keyframe_due = False
         self._started = False
@@ -289,9 +291,13 @@ class Inbox(Mailbox):
             return
         if state == "offline" or (state == "declined" and job == self.job_id):
             self._offline.add(device)
+            if state == "offline":  # a Last Will, perhaps a stopping broker's (engine)
+                self._offline_at[device] = self.clock()
         elif state == "online" and job == self.job_id:
             self._offline.discard(device)
             self._ready.add(device)
+            if status.get("done") is True:
+                self._done.add(device)
             if isinstance(need, list) and self.device_id in need and device in self.peers:
                 self._keyframe_due = True
         elif state == "online" and device in self._ready:
@@ -311,7 +317,11 @@ class Inbox(Mailbox):
             self.ledger.counts.rejected_other += 1
             self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
             return
-        if self.verifier is not None and self._replayed(env):
+        if self.verifier is not None and self._stale_first_contact(env):
+            self.stats.stale += 1  # too old to use (a replayed one would be refused alike)
+            log.info("dropped %s's round %d: too old for a first message", env.sender, env.round)
+            return
+        if self.verifier is not None and not self._window.accept(env.sender, env.sequence):
             self._refuse(Verdict.REPLAYED, env, topic)
             return
         seen = self._applied[env.sender]
@@ -327,17 +337,15 @@ class Inbox(Mailbox):
         else:
             self._apply(env)
 
-    def _replayed(self, env: Envelope) -> bool:
-        """A validly signed envelope this device must not use again (or cannot use).
+    def _stale_first_contact(self, env: Envelope) -> bool:
+        """A validly signed first message of a sender, older than this device can use.
 
-        Its sequence number is accepted once by the sender's anti-replay window; a first
-        message of a sender must not be older than this device can use.
+        Its sequence number says nothing yet (the sender's anti-replay window starts with
+        it), so its round does: a new neighbour's catch-up rounds, or a replay.
         """
-        if not self._window.knows(env.sender) and (
+        return not self._window.knows(env.sender) and (
             env.round + self.staleness + FIRST_CONTACT_ROUNDS < self._round
-        ):
-            return True
-        return not self._window.accept(env.sender, env.sequence)
+        )
 
     def _refuse(self, verdict: Verdict, env: Envelope, topic: str) -> None:
         self._refusals(self.stats, verdict, env.sender, env.round, topic)

@@ -119,6 +119,7 @@ def run_engines(
             for r in range(1, rounds + 1):
                 x, miss = engines[i].exchange(r, drift(x, r, i))
                 missing[i].append(miss)
+            engines[i].linger(deadline_s)  # as the agent does: its last message may be lost
             results[i] = x
         except BaseException as exc:  # surfaced by the caller
             errors.append(exc)

@@ -54,6 +54,17 @@ def run(
             help="Train FACTOR times slower (sleep after each step); for tests and benchmarks.",
         ),
     ] = 1.0,
+    keepalive: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHFL_KEEPALIVE",
+            min=5,
+            max=65535,
+            metavar="SECONDS",
+            help="MQTT keepalive: the broker declares this agent gone (its Last Will)"
+            " after 1.5x this without a packet.",
+        ),
+    ] = 30,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -112,6 +123,7 @@ def run(
             threads=threads,
             slowdown=slowdown,
             broker_ca=broker_ca,
+            keepalive_s=keepalive,
         ),
         observer=telemetry,
     )

@@ -1,8 +1,9 @@
-"""Process faults of ``meshfl local --chaos`` end to end (issue 7): broker and coordinator.
+"""Process faults of ``meshfl local --chaos`` end to end (issue 7): broker, coordinator, agents.
 
 Each scenario runs a job like ``tests/e2e/test_chaos.py``'s (4 agents, digits, ring, 30
-rounds, seed 0) with one process killed during round 10 and restarted 2 s later, and
-compares it with one fault-free run of the same job (a module fixture). The broker
+rounds, seed 0) with one process killed during round 10 and restarted 2 s later (or, for
+one agent, never), and compares it with the fault-free result of the same job (the
+lockstep reference, a module fixture). The broker
 scenarios run on the run's own Mosquitto (``meshfl local`` starts one for ``broker=``
 faults: amqtt keeps no state across a restart); the others on amqtt.
 
@@ -16,6 +17,7 @@ A fault-free run does not depend on the deadline: every message arrives in time.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from dataclasses import replace
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 
 from broker.ports import free_port, wait_for_port
+from meshfl.local.lockstep import run_lockstep
 from meshfl.local.process_faults import ProcessFault, ProcessFaults
 from meshfl.local.processes import Supervisor
 from meshfl.local.run import LocalConfig, LocalRun, run_local
@@ -37,9 +40,14 @@ DEGREE = 2
 
 
 @pytest.fixture(scope="module")
-def calm(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
-    """The job without faults: the accuracy every scenario is held to."""
-    return run_local(replace(JOB, out=tmp_path_factory.mktemp("calm")))
+def calm() -> float:
+    """The job's final mean accuracy without faults: what every scenario is held to.
+
+    The lockstep reference computes the same job in one process with every message
+    delivered, which is what a fault-free fleet computes to the last digit
+    (``tests/e2e/test_local.py`` checks it; 0.9007 here, as a fault-free ``meshfl local``).
+    """
+    return run_lockstep(JOB).mean_accuracy[-1]
 
 
 def _run(tmp_path: Path, chaos: str) -> tuple[LocalRun, list[str]]:
@@ -48,14 +56,27 @@ def _run(tmp_path: Path, chaos: str) -> tuple[LocalRun, list[str]]:
     return result, notes
 
 
-def _assert_recovered(result: LocalRun, calm: LocalRun) -> dict[str, Any]:
+def _assert_recovered(result: LocalRun, calm: float) -> dict[str, Any]:
     """The issue's acceptance: finished, every round, accuracy, and the ledger."""
+    report = result.report
+    for device in report["devices"]:  # every device reported every round, none left
+        assert device["missing_rounds"] == [] and device["left_round"] is None, device
+    _assert_ledger(result)
+    stormy = report["final"]["mean_accuracy"]
+    assert abs(stormy - calm) <= 0.01, (stormy, calm)
+    (event,) = report["chaos"]["processes"]
+    assert isinstance(event, dict)
+    assert event["round"] == 10 and event["reported_round"] >= 9
+    assert event["restarted_at_s"] - event["at_s"] >= event["down_s"] == 2.0
+    return event
+
+
+def _assert_ledger(result: LocalRun) -> None:
+    """Finished every round; nothing applied twice or corrupted; every loss accounted for."""
     report = result.report
     assert report["status"] == "completed"
     assert not result.failed_agents
     assert [r["round"] for r in report["rounds"]] == list(range(1, 31))
-    for device in report["devices"]:  # every device reported every round, none left
-        assert device["missing_rounds"] == [] and device["left_round"] is None, device
     ledger = report["ledger"]
     totals = ledger["totals"]
     assert totals["applied_twice"] == 0 and totals["corrupted_applied"] == 0
@@ -71,19 +92,11 @@ def _assert_recovered(result: LocalRun, calm: LocalRun) -> dict[str, Any]:
         + ledger["unmixed"]
     )
     assert accounted >= DEGREE * totals["sent"], ledger
-    stormy = report["final"]["mean_accuracy"]
-    baseline = calm.report["final"]["mean_accuracy"]
-    assert abs(stormy - baseline) <= 0.01, (stormy, baseline)
-    (event,) = report["chaos"]["processes"]
-    assert isinstance(event, dict)
-    assert event["round"] == 10 and event["reported_round"] >= 9
-    assert event["restarted_at_s"] - event["at_s"] >= event["down_s"] == 2.0
-    return event
 
 
 @pytest.mark.parametrize("how", ["term", "kill"])
 def test_the_job_rides_through_a_broker_stopped_mid_round(
-    tmp_path: Path, calm: LocalRun, how: str
+    tmp_path: Path, calm: float, how: str
 ) -> None:
     result, notes = _run(tmp_path, f"broker=10:{how}")
 
@@ -96,7 +109,7 @@ def test_the_job_rides_through_a_broker_stopped_mid_round(
     assert result.report["chaos"]["devices"] == {}  # no proxies: process faults only
 
 
-def test_the_job_rides_through_a_coordinator_killed_mid_job(tmp_path: Path, calm: LocalRun) -> None:
+def test_the_job_rides_through_a_coordinator_killed_mid_job(tmp_path: Path, calm: float) -> None:
     result, notes = _run(tmp_path, "coordinator=10")
 
     event = _assert_recovered(result, calm)
@@ -104,6 +117,61 @@ def test_the_job_rides_through_a_coordinator_killed_mid_job(tmp_path: Path, calm
     assert "coordinator restarted" in notes
     log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
     assert log.count("meshfl coordinator\n") == 2  # one log, two processes
+
+
+def test_an_agent_killed_mid_round_and_restarted_resumes_and_the_job_finishes(
+    tmp_path: Path, calm: float
+) -> None:
+    # Every agent trains 100x slower than this machine can (rounds of ~1.5 s instead of
+    # ~0.05 s; in synchronous rounds the result does not depend on it): the victim's new
+    # process is up (2 s down, then torch's import and its enrolment, ~6 s in all) while
+    # its neighbours go on for a few rounds without it, not for the rest of the job.
+    slow = tuple((f"device-{i}", 100.0) for i in range(4))
+    notes: list[str] = []
+    config = replace(JOB, chaos="restart=device-1@10:2", slow=slow, out=tmp_path / "run")
+    result = run_local(config, notify=notes.append)
+
+    event = _assert_recovered(result, calm)
+    assert (event["target"], event["signal"]) == ("device-1", "SIGKILL")
+    assert "device-1 restarted" in notes
+    report = result.report
+    log = (tmp_path / "run" / "logs" / "device-1.log").read_text()  # both processes'
+    before, after = log.split("device-1: enrolled before as", 1)
+    done_before = [int(r) for r in re.findall(r"round (\d+): accuracy", before)]
+    assert done_before, before[-2000:]
+    assert "carrying on as that device" in after  # the same device id, not a new one
+    resumed = re.search(
+        r"resuming job \S+ at round (\d+) from its checkpoint of round (\d+)", after
+    )
+    assert resumed is not None, after[-3000:]
+    start, saved = int(resumed.group(1)), int(resumed.group(2))
+    assert start == saved + 1 and saved in (max(done_before), max(done_before) - 1)
+    done_after = [int(r) for r in re.findall(r"round (\d+): accuracy", after)]
+    assert done_after[0] == start and done_after[-1] == JOB.rounds  # round 1 not redone
+    # The coordinator usually takes the silent device out (its neighbours missed it
+    # twice) before it is back, and takes it back when it asks for its assignment.
+    events = [e for e in report["topology"]["events"] if e["device"] == "device-1"]
+    if any(e["kind"] == "leave" for e in events):
+        assert [e["kind"] for e in events] == ["leave", "join"], events
+        assert events[-1]["reason"] == "rejoined" and "taken back into job" in after
+    checkpoints = tmp_path / "run" / "models" / "state" / "device-1"
+    assert not list(checkpoints.glob("*.npz"))  # removed when the job completed
+    assert report["ledger"]["totals"]["rejected_replayed"] == 0  # sequence numbers went on
+
+
+def test_an_agent_killed_for_good_leaves_and_the_others_finish(tmp_path: Path, calm: float) -> None:
+    result = run_local(replace(JOB, kill=(("device-1", 10),), out=tmp_path / "run"))
+
+    _assert_ledger(result)
+    devices = {d["name"]: d for d in result.report["devices"]}
+    assert devices["device-1"]["left_round"] is not None
+    assert devices["device-1"]["final_accuracy"] is None
+    for name in ("device-0", "device-2", "device-3"):
+        assert devices[name]["missing_rounds"] == [] and devices[name]["left_round"] is None
+    # The job is another one without device-1's data: its survivors end 2.2 points above
+    # the fault-free mean on seed 0 (docs/reliability.md). Held to "not worse".
+    stormy = result.report["final"]["mean_accuracy"]
+    assert stormy >= calm - 0.01, (stormy, calm)
 
 
 def test_the_harness_kills_an_agent_and_starts_the_same_command_again(tmp_path: Path) -> None:

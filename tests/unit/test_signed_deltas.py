@@ -175,10 +175,13 @@ def test_replay_is_refused_counted_and_leaves_the_model_unchanged(
         np.testing.assert_array_equal(value, after_first[name])
 
 
-def test_first_message_from_a_round_long_gone_is_a_replay(receiver: GossipEngine) -> None:
+def test_first_message_from_a_round_long_gone_is_dropped_as_stale(receiver: GossipEngine) -> None:
+    # A replay of a captured old message, or a new neighbour's catch-up round: neither
+    # can be used (nor told apart), and a live catch-up is not an attack.
     receiver._round = 10  # this device is at round 10; dev-b never heard from before
     deliver(receiver, encode_envelope(envelope(round_=3), sign=Signer(KEY_B)))
-    assert receiver.stats.replayed == 1 and receiver.stats.applied == 0
+    assert receiver.stats.stale == 1 and receiver.stats.applied == 0
+    assert receiver.stats.replayed == 0
     deliver(receiver, encode_envelope(envelope(round_=9), sign=Signer(KEY_B)))  # recent
     assert receiver.stats.applied == 1
 
