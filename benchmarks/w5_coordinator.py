@@ -11,23 +11,26 @@ here):
 2. **Server**: ``meshfl coordinator serve`` in its own process on loopback: uvicorn, one
    worker (the coordinator keeps its liveness buffer, token cache and job lock in
    process, so it runs as one process; see docs/coordinator.md).
-3. **Load**: locust, headless, in its own process: one user per device, each sending
-   ``POST /api/v1/devices/{id}/heartbeat`` with its own token at a constant throughput of
-   ``--rate / --devices`` heartbeats a second (10,000 devices × 0.1/s = 1,000/s). Users
-   are spawned over ``--devices / 1000`` seconds, then ``--warmup`` seconds pass before
-   ``--seconds`` of measurement (default: one heartbeat period + 5 s, so every device
-   has sent once and the coordinator has cached its token: the steady state; a
-   freshly restarted coordinator looks each token up once, at the naive route's cost).
-   By default every heartbeat opens a new connection (``Connection: close``: a device
-   that reports every 10 s keeps none open); ``--keepalive`` reuses connections.
+3. **Load** (``--generator``): **wrk** (default; ``benchmarks/w5_wrk.py``): 50
+   connections take the devices in turn, each heartbeat with its device's own token,
+   paced to ``--rate`` (1,000/s), one run of ``--warmup`` seconds then one of
+   ``--seconds``; or **locust**, headless, in its own process: one user per device at a
+   constant throughput of ``--rate / --devices`` heartbeats a second (10,000 devices ×
+   0.1/s = 1,000/s), spawned over ``--devices / 1000`` seconds, then ``--warmup``
+   seconds before ``--seconds`` of measurement. The default warm-up is one heartbeat
+   period + 5 s, so every device has sent once and the coordinator has cached its token
+   (the steady state; a freshly restarted coordinator looks each token up once, at the
+   naive route's cost). By default every heartbeat opens a new connection
+   (``Connection: close``: a device that reports every 10 s keeps none open);
+   ``--keepalive`` reuses connections.
 4. **Report**: achieved rate, p50/p95/p99/max latency (locust's per-request timings of
    requests *sent* in the window), errors (any answer but 204, any failed connection),
-   the CPU of the server, of locust and of everything else on the machine over the
+   the CPU of the server, of the load generator and of everything else on the machine over the
    window (% of one core), and, after the server stopped (its shutdown flushes the
    liveness buffer), how many devices' ``last_seen`` moved into the window in the DB.
 
-Locust and the server share the machine's cores: the load generator's CPU is reported
-next to the server's.
+The load generator and the server share the machine's cores: the generator's CPU is
+reported next to the server's.
 
     python benchmarks/w5_coordinator.py                  # 10,000 devices, 1,000/s, 60 s, both DBs
     python benchmarks/w5_coordinator.py --db sqlite --seconds 30 --json w5.json
@@ -57,6 +60,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
+from w5_wrk import drive_wrk, wrk_missing
 
 from meshfl.local.processes import free_port, wait_for_port
 
@@ -77,6 +81,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--db", default="sqlite,postgresql", help="comma-separated list")
     parser.add_argument("--keepalive", action="store_true", help="reuse connections")
+    parser.add_argument(
+        "--generator",
+        choices=("wrk", "locust"),
+        default="wrk",
+        help="load generator (default wrk; locust: one user per device)",
+    )
+    parser.add_argument(
+        "--connections", type=int, default=50, help="wrk's connections (default 50)"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per DB; medians shown")
     parser.add_argument("--smoke", action="store_true", help="50 devices, 50/s, 5 s")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -209,7 +222,12 @@ def run_once(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         server = subprocess.Popen(server_cmd, env=env, stdout=server_log, stderr=subprocess.STDOUT)
         try:
             wait_for_port("127.0.0.1", port, timeout_s=60)
-            result = drive(args, port, devices_file, workdir, kind, server)
+            if args.generator == "wrk":
+                result = drive_wrk(args, port, devices_file, workdir, kind, server, sample_cpu)
+                trace = result.pop("trace")
+                result["cpu_pct"] = window_cpu(trace, result["window_start"], result["window_end"])
+            else:
+                result = drive(args, port, devices_file, workdir, kind, server)
         finally:
             server.send_signal(signal.SIGINT)  # uvicorn's graceful stop: lifespan shutdown
             try:
@@ -269,11 +287,7 @@ def drive(
     server_ps = psutil.Process(server.pid)
     log = (workdir / f"locust-{kind}.log").open("wb")
     locust = subprocess.Popen(locust_cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    locust_ps = psutil.Process(locust.pid)
-    trace: list[tuple[float, float, float, float]] = []
-    while locust.poll() is None:
-        trace.append((time.time(), cpu_seconds(server_ps), cpu_seconds(locust_ps), busy_seconds()))
-        time.sleep(0.5)
+    trace = sample_cpu(server_ps, psutil.Process(locust.pid), locust)
     log.close()
     if not results_file.exists():
         tail = (workdir / f"locust-{kind}.log").read_text(errors="replace")[-2000:]
@@ -288,6 +302,7 @@ def drive(
     ok = samples[:, 2].astype(bool)
     return {
         "db": kind,
+        "generator": "locust",
         "window_start": start,
         "sent": len(samples),
         "achieved_per_s": len(samples) / (end - start),
@@ -301,6 +316,19 @@ def drive(
     }
 
 
+def sample_cpu(
+    server_ps: psutil.Process, generator_ps: psutil.Process, generator: subprocess.Popen[bytes]
+) -> list[tuple[float, float, float, float]]:
+    """(time, server CPU s, generator CPU s, machine busy s) every 0.5 s while it runs."""
+    trace: list[tuple[float, float, float, float]] = []
+    while generator.poll() is None:
+        trace.append(
+            (time.time(), cpu_seconds(server_ps), cpu_seconds(generator_ps), busy_seconds())
+        )
+        time.sleep(0.5)
+    return trace  # (not sampled after it exited: its counters read 0 then)
+
+
 def window_cpu(
     trace: list[tuple[float, float, float, float]], start: float, end: float
 ) -> dict[str, float]:
@@ -310,8 +338,12 @@ def window_cpu(
     t = np.asarray(trace)
     at = [np.interp([start, end], t[:, 0], t[:, k]) for k in (1, 2, 3)]
     span = end - start
-    server, locust, busy = (100 * (b - a) / span for a, b in at)
-    return {"server": server, "locust": locust, "others": max(busy - server - locust, 0.0)}
+    server, generator, busy = (100 * (b - a) / span for a, b in at)
+    return {
+        "server": server,
+        "generator": generator,
+        "others": max(busy - server - generator, 0.0),
+    }
 
 
 def stack() -> str:
@@ -330,7 +362,7 @@ def show(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     }
     cpu = {
         k: statistics.median(r["cpu_pct"].get(k, float("nan")) for r in rows)
-        for k in ("server", "locust", "others")
+        for k in ("server", "generator", "others")
     }
     seen = min(r["devices_seen_in_db"] for r in rows)
     print(
@@ -338,7 +370,7 @@ def show(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"p95 {med['p95_ms']:6.1f} ms  p99 {med['p99_ms']:6.1f} ms  max {med['max_ms']:7.1f} ms  "
         f"errors {med['errors']:.0f}/{med['sent']:.0f}  CPU server {cpu['server']:.0f} % "
         f"({10 * cpu['server'] / med['achieved_per_s']:.2f} ms a heartbeat) "
-        f"locust {cpu['locust']:.0f} % others {cpu['others']:.0f} %  "
+        f"{rows[0]['generator']} {cpu['generator']:.0f} % others {cpu['others']:.0f} %  "
         f"last_seen in DB {seen}/{args.devices}",
         flush=True,
     )
@@ -348,12 +380,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kinds = [k.strip() for k in args.db.split(",") if k.strip()]
     command = "python benchmarks/w5_coordinator.py " + shlex.join(argv or sys.argv[1:])
+    if args.generator == "wrk" and wrk_missing():
+        raise SystemExit(f"{wrk_missing()} (or --generator locust)")
+    if args.generator == "wrk":
+        load = (
+            f"wrk, {args.connections} connections taking the {args.devices} devices in turn"
+            f" (own tokens), paced to {args.rate:g}/s"
+        )
+    else:
+        load = (
+            f"locust {args.devices} users (one per device, own token), "
+            f"{args.rate / args.devices:g} heartbeat/s each = {args.rate:g}/s"
+        )
     print(
         f"W5 coordinator heartbeats\n  command:  {command.strip()}\n  machine:  {describe()}\n"
         f"  load avg: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1/5/15 min, at start)\n"
         f"  server:   meshfl coordinator serve ({stack()}) on loopback\n"
-        f"  load:     locust {args.devices} users (one per device, own token), "
-        f"{args.rate / args.devices:g} heartbeat/s each = {args.rate:g}/s, "
+        f"  load:     {load}, "
         f"{'keep-alive' if args.keepalive else 'a new connection per heartbeat'}; "
         f"{args.seconds:g} s measured after {args.warmup:g} s warm-up; "
         f"median of {args.repeats} run(s)",

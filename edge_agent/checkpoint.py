@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import time
 import zipfile
 from collections.abc import Mapping
@@ -183,7 +184,7 @@ class CheckpointStore:
         self.path(job_id).unlink(missing_ok=True)
 
     def prune(self, keep: str | None = None) -> list[str]:
-        """Delete every checkpoint except ``keep``'s; return the job ids deleted.
+        """Delete every checkpoint (and outbox) except ``keep``'s; return the job ids deleted.
 
         An agent takes part in one job at a time: once it is assigned another job, the
         checkpoints of earlier ones can never be resumed.
@@ -193,6 +194,9 @@ class CheckpointStore:
             if path.stem != keep:
                 path.unlink(missing_ok=True)
                 removed.append(path.stem)
+        for path in sorted(self.folder.glob("*.outbox")):
+            if path.stem != keep:
+                shutil.rmtree(path, ignore_errors=True)
         return removed
 
 

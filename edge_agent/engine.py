@@ -53,6 +53,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,6 +157,10 @@ class GossipEngine(Inbox):
         checkpoint (:mod:`edge_agent.checkpoint`) passes one above anything it may have
         published; its first message is then a KEYFRAME, since its neighbours' replicas
         of it may be ahead of its checkpoint.
+    outbox_folder
+        Keep the outbox on disk there too (:class:`~edge_agent.outbox.Outbox`'s
+        ``folder``): loaded back when ``first_sequence`` > 0 (resumed), emptied
+        otherwise. Default None: in memory only.
 
     Raises
     ------
@@ -183,6 +188,7 @@ class GossipEngine(Inbox):
         signer: Sign | None = None,
         verifier: Verifier | None = None,
         first_sequence: int = 0,
+        outbox_folder: Path | None = None,
     ) -> None:
         if isinstance(first_sequence, bool) or not isinstance(first_sequence, int):
             raise ConfigError(f"first_sequence must be an integer, got {first_sequence!r}")
@@ -212,7 +218,11 @@ class GossipEngine(Inbox):
         self._row: dict[str, float] | None = None  # this round's neighbours (row of W)
         self._sequence = first_sequence
         self._keyframe_due = first_sequence > 0  # resumed: reset the neighbours' replicas
-        self.outbox = Outbox(keep_rounds=max(KEEP_ROUNDS, staleness + 1))
+        self.outbox = Outbox(
+            keep_rounds=max(KEEP_ROUNDS, staleness + 1),
+            folder=outbox_folder,
+            restore=first_sequence > 0,
+        )
         self.repair_after_s = min(max(deadline_s / 8, MIN_REPAIR_AFTER_S), MAX_REPAIR_AFTER_S)
         """Seconds a sync round waits for a neighbour's message before asking for it again."""
         self._next_repair: dict[str, float] = {}  # peer → earliest time of its next request

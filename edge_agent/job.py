@@ -230,6 +230,7 @@ class JobRunner:
             signer=self.signer,
             verifier=self.verifier,
             first_sequence=first_sequence,
+            outbox_folder=self.resume.outbox_folder,
         )
 
     def _secure_engine(self, params: dict[str, np.ndarray]) -> SecureEngine:

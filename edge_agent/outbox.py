@@ -24,18 +24,29 @@ message while it waits for it asks for it again:
 
 This is the negative-acknowledgement repair of reliable multicast (SRM, Floyd et al.,
 IEEE/ACM ToN 5(6), 1997; NORM, RFC 5740): receivers ask only for what they lack, so a
-loss-free round costs no acknowledgement traffic. The outbox lives in memory: after an
-agent restart its first message is a keyframe (docs/reliability.md, "Checkpoints and
-resume"), which replaces every difference it sent before — there is nothing left that an
-outbox on disk could usefully re-send.
+loss-free round costs no acknowledgement traffic.
+
+**Durable.** Given a ``folder`` (the agent's checkpoint folder,
+``<out>/state/<name>/<job>.outbox``) each message is written there — fsynced, before its
+first chunk is published — and deleted when it is acknowledged by all or expires, so a
+message published just before a crash (perhaps never delivered) can still be re-sent by
+the restarted agent, which loads the folder back when it resumes from its checkpoint. A
+file is ``MFOB1``, a newline, one JSON line ``{"round": r, "pending": [...], "chunks": [n, ...]}``
+and the chunks' bytes, named by the sequence number; acknowledgements are not written
+back (a restarted agent may re-send a copy someone holds: a counted duplicate).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshfl.files import atomic_write
 
 __all__ = ["Outbox", "OutboxEntry", "parse_repair_request", "repair_request"]
 
@@ -43,6 +54,10 @@ KEEP_ROUNDS = 3
 """Default rounds a message is kept for repair requests after the round it belongs to."""
 MAX_REQUEST_BYTES = 512
 """Largest repair request read; anything longer is not one."""
+MAGIC = b"MFOB1\n"
+"""First bytes of an outbox file."""
+
+log = logging.getLogger("meshfl.agent.outbox")
 
 
 @dataclass
@@ -70,14 +85,38 @@ class Outbox:
     max_bytes : int, default 64 MiB
         Bound on the chunks held; the oldest messages go first when a new one would cross
         it (the newest message is always kept).
+    folder : Path, optional
+        Keep every message on disk too, one file each (see the module docstring);
+        default: in memory only.
+    restore : bool, default False
+        Load the messages ``folder`` holds (an agent resuming its job); otherwise the
+        folder is emptied first (a fresh start numbers its messages from 1 again).
+        A file that does not parse is deleted with a warning.
+
+    Raises
+    ------
+    OSError
+        ``folder`` cannot be created, read or written (from :meth:`add` too).
 
     """
 
-    def __init__(self, keep_rounds: int = KEEP_ROUNDS, max_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        keep_rounds: int = KEEP_ROUNDS,
+        max_bytes: int = 64 << 20,
+        folder: Path | None = None,
+        restore: bool = False,
+    ) -> None:
         self.keep_rounds = keep_rounds
         self.max_bytes = max_bytes
+        self.folder = folder
         self._entries: OrderedDict[int, OutboxEntry] = OrderedDict()
         self._bytes = 0
+        if folder is not None:
+            if not restore:
+                shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            self._load(folder)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -97,6 +136,10 @@ class Outbox:
         if not entry.pending:
             self._expire(round_)
             return
+        if sequence in self._entries:
+            self._pop(sequence)
+        if self.folder is not None:
+            atomic_write(self._path(sequence), lambda f: f.write(_encode(entry)))
         self._entries[sequence] = entry
         self._bytes += entry.size
         self._expire(round_)
@@ -135,9 +178,67 @@ class Outbox:
         for seq in [s for s, e in self._entries.items() if e.round < round_ - self.keep_rounds]:
             self._pop(seq)
 
+    def remove(self) -> None:
+        """Forget everything and delete ``folder`` (the job is over for this device)."""
+        self._entries.clear()
+        self._bytes = 0
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
     def _pop(self, sequence: int) -> None:
         entry = self._entries.pop(sequence)
         self._bytes -= entry.size
+        if self.folder is not None:
+            self._path(sequence).unlink(missing_ok=True)
+
+    def _path(self, sequence: int) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{sequence:020d}.msg"
+
+    def _load(self, folder: Path) -> None:
+        for path in sorted(folder.glob("*.msg")):
+            try:
+                sequence = int(path.stem)
+                entry = _decode(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                log.warning("outbox: dropped %s, which does not parse (%s)", path, exc)
+                path.unlink(missing_ok=True)
+                continue
+            self._entries[sequence] = entry
+            self._bytes += entry.size
+        if self._entries:
+            log.info("outbox: %d messages kept from before the restart", len(self._entries))
+
+
+def _encode(entry: OutboxEntry) -> bytes:
+    header = {"round": entry.round, "pending": sorted(entry.pending)}
+    header["chunks"] = [len(c) for c in entry.chunks]
+    return MAGIC + json.dumps(header).encode() + b"\n" + b"".join(entry.chunks)
+
+
+def _decode(data: bytes) -> OutboxEntry:
+    """An outbox file's entry. Raises ValueError if ``data`` is not a whole one."""
+    if not data.startswith(MAGIC) or b"\n" not in data[len(MAGIC) :]:
+        raise ValueError("not an outbox file")
+    line, _, body = data[len(MAGIC) :].partition(b"\n")
+    header = json.loads(line)
+    if not isinstance(header, dict):
+        raise ValueError("bad header")
+    round_, pending, sizes = header.get("round"), header.get("pending"), header.get("chunks")
+    if not (
+        isinstance(round_, int)
+        and isinstance(pending, list)
+        and all(isinstance(p, str) for p in pending)
+        and isinstance(sizes, list)
+        and all(isinstance(n, int) and n >= 0 for n in sizes)
+        and sum(sizes) == len(body)
+    ):
+        raise ValueError("bad header")
+    chunks, at = [], 0
+    for n in sizes:
+        chunks.append(body[at : at + n])
+        at += n
+    return OutboxEntry(round_, chunks, set(pending))
 
 
 def repair_request(job: str, after: int) -> bytes:

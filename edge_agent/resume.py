@@ -25,6 +25,7 @@ that round, from which its neighbours mix it again.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -224,6 +225,12 @@ class Resumer:
         self.save_s.append(seconds)
         log.debug("round %d: checkpoint written in %.1f ms", round_, 1000 * seconds)
 
+    @property
+    def outbox_folder(self) -> Path:
+        """Where the job's durable outbox lives (:class:`edge_agent.outbox.Outbox`)."""
+        return self.store.folder / f"{self.job_id}.outbox"
+
     def remove(self) -> None:
-        """Delete the job's checkpoint: the job is over for this device."""
+        """Delete the job's checkpoint and outbox: the job is over for this device."""
         self.store.remove(self.job_id)
+        shutil.rmtree(self.outbox_folder, ignore_errors=True)

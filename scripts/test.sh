@@ -32,7 +32,11 @@ lint-imports
 if [ "$#" -gt 0 ]; then
   pytest -q -p no:cacheprovider "$@"
 else
-  pytest -q -p no:cacheprovider --durations=25 -m "not fuzz"
+  # Unit and contract tests are CPU-bound and independent: both cores. The integration
+  # and end-to-end tests start brokers and fleets of processes with round deadlines:
+  # one at a time.
+  pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not fuzz" tests/unit tests/contract
+  pytest -q -p no:cacheprovider --durations=25 -m "not fuzz" tests/integration tests/e2e
   # The OpenAPI fuzzing is CPU-bound generation, one test per operation: both cores.
   pytest -q -p no:cacheprovider -n 2 -m fuzz tests/contract
 fi

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
-from gossip_scenarios import reference, run_engines
+from gossip_scenarios import FLEET, JOB, drift, make_algorithms, reference, run_engines
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge_agent.engine import GossipEngine
 from edge_agent.outbox import Outbox, parse_repair_request, repair_request
+from edge_agent.transport.base import Message
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
-from meshfl.wire import parse_topic
+from meshfl.wire import parse_topic, status_topic
 
 
 class LosingTransport(MemoryTransport):
@@ -127,3 +132,106 @@ def test_anything_else_is_not_a_request(payload: bytes) -> None:
 def test_arbitrary_bytes_never_raise(payload: bytes) -> None:
     result = parse_repair_request(payload)
     assert result is None or (isinstance(result[0], str) and result[1] >= 0)
+
+
+# -- the outbox on disk ------------------------------------------------------------
+
+
+def test_messages_on_disk_come_back_after_a_restart_and_go_when_acknowledged(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "job-1.outbox"
+    box = Outbox(folder=folder)
+    box.add(1, 1, [b"a1", b"", b"a3"], {"p", "q"})
+    box.add(2, 2, [b"b" * 1000], {"p"})
+    assert sorted(f.name for f in folder.iterdir()) == [f"{1:020d}.msg", f"{2:020d}.msg"]
+
+    again = Outbox(folder=folder, restore=True)  # the restarted agent
+    assert len(again) == 2 and again.bytes_held == box.bytes_held
+    ((seq, entry),) = again.after("q", 0)
+    assert (seq, entry.round, entry.chunks, entry.pending) == (
+        1,
+        1,
+        [b"a1", b"", b"a3"],
+        {"p", "q"},
+    )
+    assert [s for s, _ in again.after("p", 1)] == [2]  # p held 1; q still waits for it
+    assert again.after("q", 1) == []  # now nobody waits for 1: its file is gone
+    assert sorted(f.name for f in folder.iterdir()) == [f"{2:020d}.msg"]
+
+    fresh = Outbox(folder=folder)  # a fresh start numbers from 1 again: nothing kept
+    assert len(fresh) == 0 and list(folder.iterdir()) == []
+    fresh.add(1, 1, [b"x"], {"p"})
+    fresh.remove()
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"MFOB1\n", b"MFOB1\n{}\n", b'MFOB1\n{"round": 1, "pending": ["p"], "chunks": [5]}\nab',
+     b'MFOB1\n[1]\n', b"\x00" * 40],
+)  # fmt: skip
+def test_a_file_that_does_not_parse_is_dropped_with_a_warning(
+    tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "ob"
+    Outbox(folder=folder).add(3, 1, [b"ok"], {"p"})
+    (folder / f"{4:020d}.msg").write_bytes(content)
+    (folder / "junk.msg").write_bytes(content)
+
+    box = Outbox(folder=folder, restore=True)
+
+    assert [s for s, _ in box.after("p", 0)] == [3]
+    assert sorted(f.name for f in folder.iterdir()) == [f"{3:020d}.msg"]
+    assert caplog.text.count("does not parse") == 2
+
+
+class DeadLink(MemoryTransport):
+    """Delivers nothing this device publishes on a delta or inbox topic (the status passes)."""
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        if parse_topic(topic).kind in ("delta", "inbox"):
+            return
+        super().publish(topic, payload, qos=qos, retain=retain)
+
+
+def test_a_restarted_sender_re_sends_a_lost_message_from_its_outbox_on_disk(
+    tmp_path: Path,
+) -> None:
+    # dev-0 publishes its round-1 message, which never arrives, and dies; restarted from
+    # its checkpoint, it answers dev-1's repair request from the outbox it left on disk.
+    bus = MemoryBroker()
+    ids, _, xs, algos = make_algorithms(2, "choco", "topk:0.3")
+    folder = tmp_path / "dev-0" / "job-1.outbox"
+
+    def engine(i: int, transport: MemoryTransport, first_sequence: int = 0) -> GossipEngine:
+        will = Message(status_topic(FLEET, ids[i]), b'{"state": "offline"}', retain=True)
+        transport.connect(ids[i], will=will)
+        return GossipEngine(
+            transport=transport, fleet=FLEET, job_id=JOB, device_id=ids[i],
+            neighbours=[ids[1 - i]], algorithm=algos[i], deadline_s=10.0,
+            first_sequence=first_sequence, outbox_folder=folder if i == 0 else None,
+        )  # fmt: skip
+
+    sender, receiver = engine(0, DeadLink(bus)), engine(1, MemoryTransport(bus))
+    sender.start()
+    receiver.start()
+    got: dict[str, object] = {}
+
+    def receive() -> None:
+        got["x"], got["missing"] = receiver.exchange(1, drift(xs[1], 1, 1))
+        receiver.linger(10.0)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sender.exchange(1, drift(xs[0], 1, 0))  # the receiver's message came; its own did not
+    sender.transport.close()  # SIGKILL: the process and its memory are gone
+    assert receiver.stats.applied == 0
+    restarted = engine(0, MemoryTransport(bus), first_sequence=sender.sequence + 16)
+    restarted.start()
+    restarted.linger(10.0)  # serves the receiver's requests until it is done
+    thread.join(timeout=30)
+
+    assert got["missing"] == []  # mixed with the message that had been lost
+    assert restarted.stats.resent >= 1
+    assert receiver.ledger.counts.applied_twice == 0
