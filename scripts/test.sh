@@ -12,6 +12,14 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ] \
       "sudo apt-get install mosquitto mosquitto-clients" >&2; exit 1
   fi
 fi
+# tests/e2e/test_bench_w5_coordinator.py runs W5's benchmark, which drives the server with wrk.
+if ! command -v wrk >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null
+  else
+    echo "the tests need wrk: sudo apt-get install wrk" >&2; exit 1
+  fi
+fi
 # tests/e2e/test_dashboard_browser.py drives Debian's chromium through Playwright (the
 # playwright package comes with the dev extra; no `playwright install`).
 if [ ! -x /usr/bin/chromium ]; then
