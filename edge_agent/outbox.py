@@ -93,10 +93,8 @@ class Outbox:
         folder is emptied first (a fresh start numbers its messages from 1 again).
         A file that does not parse is deleted with a warning.
 
-    Raises
-    ------
-    OSError
-        ``folder`` cannot be created, read or written (from :meth:`add` too).
+    A ``folder`` that cannot be created, read or written (a full or read-only disk) is
+    given up with a warning: the outbox goes on in memory.
 
     """
 
@@ -113,10 +111,13 @@ class Outbox:
         self._entries: OrderedDict[int, OutboxEntry] = OrderedDict()
         self._bytes = 0
         if folder is not None:
-            if not restore:
-                shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True, exist_ok=True)
-            self._load(folder)
+            try:
+                if not restore:
+                    shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True, exist_ok=True)
+                self._load(folder)
+            except OSError as exc:
+                self._in_memory(exc)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -139,7 +140,10 @@ class Outbox:
         if sequence in self._entries:
             self._pop(sequence)
         if self.folder is not None:
-            atomic_write(self._path(sequence), lambda f: f.write(_encode(entry)))
+            try:
+                atomic_write(self._path(sequence), lambda f: f.write(_encode(entry)))
+            except OSError as exc:
+                self._in_memory(exc)
         self._entries[sequence] = entry
         self._bytes += entry.size
         self._expire(round_)
@@ -190,6 +194,15 @@ class Outbox:
         self._bytes -= entry.size
         if self.folder is not None:
             self._path(sequence).unlink(missing_ok=True)
+
+    def _in_memory(self, exc: OSError) -> None:
+        """Go on without the disk (full, read-only): repairs work until a restart."""
+        log.warning(
+            "outbox: cannot write %s (%s); keeping sent messages in memory only",
+            self.folder,
+            exc.strerror or exc,
+        )
+        self.folder = None
 
     def _path(self, sequence: int) -> Path:
         assert self.folder is not None

@@ -235,3 +235,16 @@ def test_a_restarted_sender_re_sends_a_lost_message_from_its_outbox_on_disk(
     assert got["missing"] == []  # mixed with the message that had been lost
     assert restarted.stats.resent >= 1
     assert receiver.ledger.counts.applied_twice == 0
+
+
+def test_a_folder_that_cannot_be_written_leaves_the_outbox_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the folder's parent should be")
+    box = Outbox(folder=blocker / "job-1.outbox")
+
+    box.add(1, 1, [b"x"], {"p"})
+
+    assert box.folder is None and "keeping sent messages in memory only" in caplog.text
+    assert [s for s, _ in box.after("p", 0)] == [1]
