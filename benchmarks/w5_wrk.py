@@ -37,15 +37,13 @@ def wrk_missing() -> str | None:
     return None
 
 
-def _wrk(
-    args: argparse.Namespace, port: int, devices_file: Path, seconds: float, phases: int
-) -> list[str]:
+def _wrk(args: argparse.Namespace, port: int, devices_file: Path, seconds: float) -> list[str]:
     period_ms = 1000.0 * args.connections / args.rate
     return [
         "wrk", "-t", "1", "-c", str(args.connections), "-d", f"{max(1, round(seconds))}s",
         "--timeout", "10s", "-s", str(SCRIPT), f"http://127.0.0.1:{port}",
         "--", str(devices_file), f"{period_ms:.3f}", "0" if args.keepalive else "1",
-        str(phases),
+        str(args.connections),  # each connection's first wait: a random phase
     ]  # fmt: skip
 
 
@@ -64,7 +62,7 @@ def drive_wrk(
     ``process`` exits and returns the trace (``w5_coordinator``'s).
     """
     warm = subprocess.run(
-        _wrk(args, port, devices_file, args.warmup, args.connections),
+        _wrk(args, port, devices_file, args.warmup),
         capture_output=True,
         text=True,
         timeout=args.warmup + 60,
@@ -75,7 +73,7 @@ def drive_wrk(
     start = time.time()
     with log.open("wb") as out:
         wrk = subprocess.Popen(
-            _wrk(args, port, devices_file, args.seconds, args.connections),
+            _wrk(args, port, devices_file, args.seconds),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -179,9 +179,14 @@ class CheckpointStore:
             return None
         return checkpoint
 
+    def outbox_folder(self, job_id: str) -> Path:
+        """The folder of ``job_id``'s durable outbox (:class:`edge_agent.outbox.Outbox`)."""
+        return self.path(job_id).with_suffix(".outbox")  # ConfigError: not a job id
+
     def remove(self, job_id: str) -> None:
-        """Delete the checkpoint of ``job_id`` (the job ended for this device)."""
+        """Delete the checkpoint and the outbox of ``job_id`` (the job ended for this device)."""
         self.path(job_id).unlink(missing_ok=True)
+        shutil.rmtree(self.outbox_folder(job_id), ignore_errors=True)
 
     def prune(self, keep: str | None = None) -> list[str]:
         """Delete every checkpoint (and outbox) except ``keep``'s; return the job ids deleted.

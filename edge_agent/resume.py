@@ -25,7 +25,6 @@ that round, from which its neighbours mix it again.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -228,9 +227,8 @@ class Resumer:
     @property
     def outbox_folder(self) -> Path:
         """Where the job's durable outbox lives (:class:`edge_agent.outbox.Outbox`)."""
-        return self.store.folder / f"{self.job_id}.outbox"
+        return self.store.outbox_folder(self.job_id)
 
     def remove(self) -> None:
         """Delete the job's checkpoint and outbox: the job is over for this device."""
         self.store.remove(self.job_id)
-        shutil.rmtree(self.outbox_folder, ignore_errors=True)
