@@ -68,6 +68,8 @@ class AgentConfig:
     uses the one given at enrolment (saved as ``<out>/<name>.broker-ca.pem``), else the
     system's CA store. ``keepalive_s`` is the MQTT keepalive (seconds, default 30): the
     broker publishes the agent's Last Will after 1.5× this without a packet.
+    ``offline_grace_s`` (seconds, ≥ 1, default 1) is how long a round keeps waiting for a
+    neighbour whose Last Will came (:class:`edge_agent.engine.GossipEngine`'s).
     """
 
     coordinator: str
@@ -87,6 +89,7 @@ class AgentConfig:
     slowdown: float = 1.0
     broker_ca: Path | None = None
     keepalive_s: int = 30
+    offline_grace_s: float = 1.0
 
 
 def run_agent(

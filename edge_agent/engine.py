@@ -89,10 +89,11 @@ MODES = ("sync", "async")
 MAX_OUTAGE_WAIT_S = 300.0
 """Longest a round waits past its deadline while this device's broker connection is down."""
 WILL_SETTLE_S = 1.0
-"""Seconds a neighbour's "offline" status waits before a round stops waiting for it.
-A broker that stops cleanly publishes every client's Last Will just before it closes
-the connections: the marks that came in the second before this device's own connection
-dropped are the broker's doing, not the neighbours' (ignored after the reconnect)."""
+"""Least (and default) ``offline_grace_s``: seconds a neighbour's "offline" status waits
+before a round stops waiting for it. A broker that stops cleanly publishes every
+client's Last Will just before it closes the connections: the marks that came in the
+second before this device's own connection dropped are the broker's doing, not the
+neighbours' (ignored after the reconnect)."""
 MIN_REPAIR_AFTER_S = 0.2
 MAX_REPAIR_AFTER_S = 2.0
 """Bounds of ``repair_after_s`` (deadline / 8 between them)."""
@@ -161,12 +162,18 @@ class GossipEngine(Inbox):
         Keep the outbox on disk there too (:class:`~edge_agent.outbox.Outbox`'s
         ``folder``): loaded back when ``first_sequence`` > 0 (resumed), emptied
         otherwise. Default None: in memory only.
+    offline_grace_s
+        Seconds a round keeps waiting for a neighbour after its "offline" status (its
+        Last Will: its connection dropped) before it mixes without it; the round
+        deadline still bounds the wait (default and least :data:`WILL_SETTLE_S`, 1 s).
+        Set it to a device's restart time to have a rebooting neighbour waited for
+        instead of mixed without (``meshfl agent run --offline-grace``).
 
     Raises
     ------
     ConfigError
-        An unknown mode, a negative staleness, a quorum outside (0, 1] or a negative
-        ``first_sequence``.
+        An unknown mode, a negative staleness, a quorum outside (0, 1], a negative
+        ``first_sequence`` or an ``offline_grace_s`` below 1 s.
 
     """
 
@@ -189,7 +196,14 @@ class GossipEngine(Inbox):
         verifier: Verifier | None = None,
         first_sequence: int = 0,
         outbox_folder: Path | None = None,
+        offline_grace_s: float = WILL_SETTLE_S,
     ) -> None:
+        if isinstance(offline_grace_s, bool) or not (
+            isinstance(offline_grace_s, (int, float)) and offline_grace_s >= WILL_SETTLE_S
+        ):
+            raise ConfigError(
+                f"offline_grace_s must be >= {WILL_SETTLE_S}, got {offline_grace_s!r}"
+            )
         if isinstance(first_sequence, bool) or not isinstance(first_sequence, int):
             raise ConfigError(f"first_sequence must be an integer, got {first_sequence!r}")
         if first_sequence < 0:
@@ -215,6 +229,7 @@ class GossipEngine(Inbox):
         self.deadline_s = deadline_s
         self.max_payload = max_payload
         self.mode, self.staleness, self.quorum = mode, staleness, float(quorum)
+        self.offline_grace_s = float(offline_grace_s)
         self._row: dict[str, float] | None = None  # this round's neighbours (row of W)
         self._sequence = first_sequence
         self._keyframe_due = first_sequence > 0  # resumed: reset the neighbours' replicas
@@ -374,6 +389,8 @@ class GossipEngine(Inbox):
         deadline = self._through_outage(deadline, published)
         while not self._round_complete(round_, row - slow):
             self._request_repairs(round_, row - slow, published)
+            if self._keyframe_due:  # a neighbour asked for one meanwhile (resumed, joined)
+                self._publish(round_, x)
             deadline = self._through_outage(deadline, published)
             if not self._wait_one(deadline):
                 break
@@ -557,7 +574,7 @@ class GossipEngine(Inbox):
             return False  # nothing can arrive: wait out the outage (_through_outage)
         self._notice_reconnect()
         now = self.clock()
-        settled = now - WILL_SETTLE_S
+        settled = now - self.offline_grace_s
         offline = {p for p in self._offline if self._offline_at.get(p, -1e9) <= settled}
         suspected = self._suspected
         if now - self._reconnected_at < self.deadline_s:

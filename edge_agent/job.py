@@ -231,6 +231,7 @@ class JobRunner:
             verifier=self.verifier,
             first_sequence=first_sequence,
             outbox_folder=self.resume.outbox_folder,
+            offline_grace_s=self.config.offline_grace_s,
         )
 
     def _secure_engine(self, params: dict[str, np.ndarray]) -> SecureEngine:

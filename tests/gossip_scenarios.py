@@ -81,6 +81,7 @@ def run_engines(
     deadline_s: float = 20.0,
     absent: frozenset[int] = frozenset(),
     max_payload: int = 1024,
+    offline_grace_s: float = 1.0,
 ) -> tuple[list[dict[str, np.ndarray] | None], list[list[list[str]]], list[GossipEngine]]:
     """Run the engines; devices in ``absent`` never start. Returns models, missing lists."""
     ids, graph, xs, algos = make_algorithms(n, algorithm, codec)
@@ -103,6 +104,7 @@ def run_engines(
             algorithm=algos[i],
             deadline_s=deadline_s,
             max_payload=max_payload,
+            offline_grace_s=offline_grace_s,
         )
         engine.start()
         engines.append(engine)

@@ -65,6 +65,17 @@ def run(
             " after 1.5x this without a packet.",
         ),
     ] = 30,
+    offline_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="MESHFL_OFFLINE_GRACE",
+            min=1.0,
+            metavar="SECONDS",
+            help="How long a round keeps waiting for a neighbour whose connection dropped"
+            " (its Last Will) before mixing without it, at most the round deadline; set it"
+            " to your devices' restart time to have a rebooting neighbour waited for.",
+        ),
+    ] = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -124,6 +135,7 @@ def run(
             slowdown=slowdown,
             broker_ca=broker_ca,
             keepalive_s=keepalive,
+            offline_grace_s=offline_grace,
         ),
         observer=telemetry,
     )

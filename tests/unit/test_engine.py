@@ -87,6 +87,56 @@ def test_offline_status_ends_the_wait_early(bus: MemoryBroker) -> None:
     assert missing[1] == [["dev-2"], ["dev-2"]]
 
 
+def test_an_offline_neighbour_is_waited_for_through_the_offline_grace(bus: MemoryBroker) -> None:
+    import time
+
+    from gossip_scenarios import FLEET
+
+    from edge_agent.transport.base import Message
+    from meshfl.wire import status_topic
+
+    dead: Transport = MemoryTransport(bus)
+    dead.connect(
+        "dev-2", will=Message(status_topic(FLEET, "dev-2"), b'{"state": "offline"}', retain=True)
+    )
+    dead.kill()  # type: ignore[attr-defined]
+    started = time.monotonic()
+
+    _, missing, engines = run_engines(
+        lambda _id: MemoryTransport(bus),
+        4,
+        2,
+        deadline_s=30.0,
+        absent=frozenset({2}),
+        offline_grace_s=3.0,
+    )
+
+    # The Will came before round 1: round 1 waits until it is 3 s old, round 2 not at all.
+    assert 3.0 <= time.monotonic() - started < 10.0
+    assert missing[1] == [["dev-2"], ["dev-2"]]
+    assert engines[1].offline_grace_s == 3.0
+
+
+@pytest.mark.parametrize("grace", [0.5, float("nan"), True])
+def test_an_offline_grace_under_one_second_is_refused(grace: float) -> None:
+    from gossip_scenarios import FLEET, JOB, make_algorithms
+
+    from edge_agent.engine import GossipEngine
+    from meshfl.errors import ConfigError
+
+    _, _, _, algos = make_algorithms(2, "choco", "topk:0.3")
+    with pytest.raises(ConfigError, match=r"offline_grace_s must be >= 1\.0"):
+        GossipEngine(
+            transport=MemoryTransport(MemoryBroker()),
+            fleet=FLEET,
+            job_id=JOB,
+            device_id="dev-0",
+            neighbours=["dev-1"],
+            algorithm=algos[0],
+            offline_grace_s=grace,
+        )
+
+
 class VandalTransport(MemoryTransport):
     """Sends garbage, a truncated chunk and a flipped byte before every real message."""
 

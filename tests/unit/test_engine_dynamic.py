@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -217,6 +218,42 @@ def test_joiner_catches_up_from_its_neighbours_keyframes() -> None:
     _replicas_agree(fleet.engines, ids)
     assert all(e.need == frozenset() for e in fleet.engines)
     assert sum(e.stats.rejected for e in fleet.engines) == 0
+
+
+def test_a_neighbour_waiting_mid_round_answers_a_keyframe_request_at_once() -> None:
+    # A resumed device asks for keyframes while its neighbours wait for its message of
+    # the round: they must not hold the keyframe back until their round's deadline.
+    fleet = Fleet(complete(3), deadline_s=30.0)
+    result: dict[str, object] = {}
+
+    def waiting(i: int) -> None:
+        engine, x = fleet.engines[i], dict(fleet.x0)
+        for r in range(1, 4):
+            x, missing = engine.exchange(r, drift(x, r, i), *fleet.rows[i])
+            assert missing == [], (i, r)
+
+    def resumed() -> None:
+        engine = fleet.engines[2]
+        while not all(e.sequence >= 1 for e in fleet.engines[:2]):  # both are waiting
+            time.sleep(0.01)
+        started = time.monotonic()
+        caught = engine.catch_up(10.0)  # forgets nothing: asks both neighbours
+        result["waited_s"] = time.monotonic() - started
+        assert caught is not None
+        result["round"] = caught[0]
+        x = dict(fleet.x0)
+        for r in range(1, 4):
+            x, missing = engine.exchange(r, drift(x, r, 2), *fleet.rows[2])
+            assert missing == [], r
+
+    th = threading.Thread(target=resumed)
+    th.start()
+    fleet.run(waiting, [0, 1])
+    th.join(timeout=60)
+    assert result["round"] == 1  # the keyframes of the round they were waiting in
+    assert float(result["waited_s"]) < 5.0  # type: ignore[arg-type]  # not their 30 s deadline
+    _replicas_agree(fleet.engines, fleet.ids)
+    assert sum(e.stats.keyframes_sent for e in fleet.engines[:2]) >= 2
 
 
 def test_a_sequence_gap_triggers_a_keyframe_request() -> None:
