@@ -14,10 +14,11 @@ here):
 3. **Load** (``--generator``): **wrk** (default; ``benchmarks/w5_wrk.py``): 50
    connections take the devices in turn, each heartbeat with its device's own token,
    paced to ``--rate`` (1,000/s), one run of ``--warmup`` seconds, 5 s that measure
-   the round trip the pacing takes off its wait, then ``--seconds``; or **locust**, headless, in its own process: one user per device at a
-   constant throughput of ``--rate / --devices`` heartbeats a second (10,000 devices ×
-   0.1/s = 1,000/s), spawned over ``--devices / 1000`` seconds, then ``--warmup``
-   seconds before ``--seconds`` of measurement. The default warm-up is one heartbeat
+   the round trip the pacing takes off its wait, then ``--seconds``; or **locust**,
+   headless, in its own process: one user per device at a constant throughput of
+   ``--rate / --devices`` heartbeats a second (10,000 devices × 0.1/s = 1,000/s),
+   spawned over ``--devices / 1000`` seconds, then ``--warmup`` seconds before
+   ``--seconds`` of measurement. The default warm-up is one heartbeat
    period + 5 s, so every device has sent once and the coordinator has cached its token
    (the steady state; a freshly restarted coordinator looks each token up once, at the
    naive route's cost). By default every heartbeat opens a new connection
