@@ -173,11 +173,15 @@ class MosquittoProcess:
     tuning : MosquittoTuning or None
         Limits and autosave interval of the anonymous configuration (e.g. a small
         ``max_packet_bytes`` in a test); None: the defaults. Refused with ``fleet``.
+    extra_lines : tuple of str, default ()
+        Lines appended to the anonymous configuration (e.g. a bridge,
+        :func:`broker.bridge.bridge_config`; ``sys_interval``). Refused with ``fleet``.
 
     Raises
     ------
     ConfigError
-        Mosquitto is not installed, the port is in use, or ``tuning`` is given with ``fleet``.
+        Mosquitto is not installed, the port is in use, or ``tuning`` or ``extra_lines``
+        is given with ``fleet``.
     TransportError
         Mosquitto exited or did not listen in time (the message quotes its log).
 
@@ -191,10 +195,14 @@ class MosquittoProcess:
         start_timeout_s: float = 10.0,
         fleet: str | None = None,
         tuning: MosquittoTuning | None = None,
+        extra_lines: tuple[str, ...] = (),
     ):
-        if tuning is not None and fleet is not None:
-            raise ConfigError("a Mosquitto tuning applies to the anonymous setup only, not fleet=")
+        if (tuning is not None or extra_lines) and fleet is not None:
+            raise ConfigError(
+                "a Mosquitto tuning or extra lines apply to the anonymous setup only, not fleet="
+            )
         self.tuning = tuning
+        self.extra_lines = extra_lines
         self.port = free_port() if port is None else port
         self.workdir = Path(workdir)
         self.start_timeout_s = start_timeout_s
@@ -253,6 +261,7 @@ class MosquittoProcess:
                     run_as_user="root" if root else None,
                     tuning=self.tuning,
                 )
+                + "".join(f"{line}\n" for line in self.extra_lines)
             )
         else:
             from broker.secure import write_secure_broker

@@ -87,6 +87,14 @@ def local(
     broker: Annotated[
         str | None, typer.Option(help="Use this broker (mqtt://HOST:PORT) instead of the embedded.")
     ] = None,
+    brokers: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="Run N Mosquitto brokers bridged on loopback (N >= 2): the coordinator on"
+            " the first, agents alternating over all (docs/scaling.md).",
+        ),
+    ] = DEFAULTS.brokers,
     label_column: Annotated[str, typer.Option(help="Label column of a CSV dataset.")] = "label",
     seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("meshfl-run"),
@@ -184,6 +192,7 @@ def local(
 
     from meshfl.codecs import parse_codec
     from meshfl.errors import Interrupted
+    from meshfl.local.bridged import check_bridged_options
     from meshfl.local.fleet import parse_kill, parse_link_option, parse_slow
     from meshfl.local.run import LocalConfig, run_local, validate
     from meshfl.local.secure_broker import check_secure_options
@@ -245,9 +254,11 @@ def local(
         dashboard_linger_s=_linger(dashboard, dashboard_linger),
         open_browser=open_browser,
         log_format=log_format.value,
+        brokers=brokers,
     )
     validate(config)
     check_secure_options(config)
+    check_bridged_options(config)
     # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     console = Console()
@@ -287,6 +298,10 @@ def _summary(console: Any, result: LocalRun, total_s: float, dp_delta: float) ->
             f" {final['wall_s']:.1f} s from fleet start to the job's end,"
             f" {total_s:.1f} s in all"
         )
+    if result.report.get("brokers") is not None:
+        from meshfl.local.bridged import brokers_line
+
+        console.print(brokers_line(result.report["brokers"]), markup=False, soft_wrap=True)
     for name, why in result.failed_agents.items():
         console.print(f"[yellow]agent {name} failed: {why}[/]")
     for line in _churn_lines(result.report):

@@ -23,6 +23,7 @@ import numpy as np
 from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient
+from meshfl.local.bridged import brokers_section, check_bridged_options, start_bridged
 from meshfl.local.chaos import ChaosFleet
 from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
@@ -41,6 +42,7 @@ from meshfl.local.shaping import ShapingProxy
 from meshfl.local.validation import topology_fields, validate
 
 if TYPE_CHECKING:
+    from broker.bridge import BridgedBrokers
     from broker.mosquitto import MosquittoProcess
 
 __all__ = ["LocalConfig", "LocalRun", "run_local", "validate"]
@@ -69,6 +71,8 @@ class LocalConfig:
     Ctrl-C; ``None``, not given: no wait; any value needs ``dashboard``);
     ``open_browser`` also opens the link (:mod:`meshfl.local.dashboard`). ``log_format``
     (``text`` or ``json``) is the children's ``--log-format`` (their logs under ``logs/``).
+    ``brokers`` > 1 runs that many Mosquitto brokers bridged to the coordinator's, agents
+    alternating over them (:mod:`meshfl.local.bridged`; 1: one broker).
     """
 
     agents: int = 8
@@ -128,6 +132,8 @@ class LocalConfig:
     dashboard_linger_s: float | None = None
     open_browser: bool = False
     log_format: str = "text"
+    # Scale past one broker (issue 10): N Mosquitto brokers joined by bridges.
+    brokers: int = 1
 
 
 DEFAULTS = LocalConfig()
@@ -184,6 +190,7 @@ def run_local(
     """
     validate(config)
     check_secure_options(config)
+    check_bridged_options(config)
     out = config.out
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -206,8 +213,12 @@ def run_local(
     chaos: ChaosFleet | None = None
     secure: SecureBroker | None = None
     mosquitto: MosquittoProcess | None = None  # the run's own, for --chaos broker=...
+    bridged: BridgedBrokers | None = None  # --brokers N > 1
     try:
-        if config.secure:
+        if config.brokers > 1:
+            bridged = start_bridged(out, config.brokers)
+            broker_url = bridged.url_for(0)
+        elif config.secure:
             secure = start_secure_broker(out)
             broker_url = secure.url
             say(SECURITY_LINE)
@@ -236,6 +247,8 @@ def run_local(
             if chaos is not None and name in chaos.proxies:  # in front of the shaping proxy
                 port = chaos.port(name)
             broker = [] if port is None else ["--broker", f"mqtt://127.0.0.1:{port}"]
+            if bridged is not None:  # no proxies then: device-i on broker i mod N
+                broker = ["--broker", bridged.url_for(int(name.split("-")[1]))]
             slowdown = [] if name not in slow else ["--slowdown", repr(slow[name])]
             return supervisor.start(
                 name,
@@ -294,6 +307,8 @@ def run_local(
         report["chaos"] = None if chaos is None else chaos.report()
         report["ledger"] = _ledger(admin, job["job_id"])
         report["ledger"]["unmixed"] = _unmixed(admin, final_job)
+        if bridged is not None:
+            report["brokers"] = brokers_section(bridged, config.agents + len(config.join_at))
         say("job ended; fetching the consensus model and checking the ONNX exports")
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
@@ -318,6 +333,8 @@ def run_local(
             secure.stop()
         if mosquitto is not None:
             mosquitto.stop()
+        if bridged is not None:
+            bridged.stop()
     return result
 
 
