@@ -332,7 +332,10 @@ class Inbox(Mailbox):
         self._heard.add(env.sender)
         if env.sender in self.peers:
             self.ledger.arrived(env.sender, env.sequence)
-        if env.round > self._round and not self._catching_up:
+        early_keyframe = self._round == 0 and env.kind == MessageKind.KEYFRAME
+        if env.round > self._round and not (self._catching_up or early_keyframe):
+            # A message of a later round waits for it; a keyframe before this device's
+            # first round (asked for by a resumed or joining device) is its start state.
             self._held.setdefault(env.round, []).append(env)
         else:
             self._apply(env)

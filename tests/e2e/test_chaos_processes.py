@@ -52,9 +52,18 @@ def calm() -> float:
     return run_lockstep(JOB).mean_accuracy[-1]
 
 
+SLOW = tuple((f"device-{i}", 30.0) for i in range(4))
+"""Every agent trains 30x slower than this machine can: rounds of ~0.3 s instead of
+~0.05 s, so that a fault set for round 10 strikes mid-job (the harness follows the
+rounds the coordinator has heard of; unslowed, a quiet machine had the job at round 22
+when it struck, and done before the broker was back). A synchronous job's result does
+not depend on it."""
+
+
 def _run(tmp_path: Path, chaos: str) -> tuple[LocalRun, list[str]]:
     notes: list[str] = []
-    result = run_local(replace(JOB, chaos=chaos, out=tmp_path / "run"), notify=notes.append)
+    config = replace(JOB, chaos=chaos, slow=SLOW, out=tmp_path / "run")
+    result = run_local(config, notify=notes.append)
     return result, notes
 
 
@@ -127,16 +136,13 @@ def test_an_agent_killed_mid_round_and_restarted_resumes_and_the_job_finishes(
     # A device that reboots is waited for: the agents' --offline-grace (60 s) outlasts the
     # victim's absence (2 s down, then torch's import and its enrolment, ~6 s in all) and
     # the round deadline (30 s; the fault-free result does not depend on it) lets its
-    # neighbours wait that long. Every agent trains 30x slower than this machine can
-    # (rounds of ~0.3 s instead of ~0.05 s; a synchronous job's result does not depend
-    # on it), so that the kill comes mid-job, not after the last round.
+    # neighbours wait that long.
     monkeypatch.setenv("MESHFL_OFFLINE_GRACE", "60")
-    slow = tuple((f"device-{i}", 30.0) for i in range(4))
     notes: list[str] = []
     config = replace(
         JOB,
         chaos="restart=device-1@10:2",
-        slow=slow,
+        slow=SLOW,
         round_deadline_s=30.0,
         out=tmp_path / "run",
     )
