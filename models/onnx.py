@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,11 @@ OPSET = 18
 PARITY_TOLERANCE = 1e-5
 
 Exporter = Literal["auto", "torchscript", "dynamo"]
+
+_EXPORT_LOCK = threading.Lock()
+"""One export at a time per process: torch's exporters keep module-global state, and
+:func:`_quiet_exporter` changes the process's warning filters and logger levels (agents
+that are threads of one process, :mod:`edge_agent.fleet`, export concurrently)."""
 
 
 @contextlib.contextmanager
@@ -106,7 +112,7 @@ def export_bytes(module: nn.Module, input_dim: int, exporter: Exporter = "auto")
     # Batch 2, not 1: a batch of 1 lets an exporter specialise the batch axis away.
     example = torch.zeros(2, input_dim, dtype=torch.float32)
     try:
-        with _quiet_exporter(), torch.no_grad():
+        with _EXPORT_LOCK, _quiet_exporter(), torch.no_grad():
             if exporter == "dynamo":
                 return _export_dynamo(module, example)
             try:

@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
+from meshfl.cli.agent_fleet import fleet
 from meshfl.cli.logs import LogFormat, LogFormatOption
 
 agent_app = typer.Typer(help="Run an edge agent on this device.", no_args_is_help=True)
+agent_app.command("fleet")(fleet)
 
 
 @agent_app.command("run")

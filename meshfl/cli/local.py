@@ -95,6 +95,14 @@ def local(
             " the first, agents alternating over all (docs/scaling.md).",
         ),
     ] = DEFAULTS.brokers,
+    in_process: Annotated[
+        int,
+        typer.Option(
+            metavar="K",
+            help="Run the agents as threads of K processes (meshfl agent fleet) instead of"
+            " one process each: hundreds of agents on one machine (docs/scaling.md).",
+        ),
+    ] = DEFAULTS.in_process,
     label_column: Annotated[str, typer.Option(help="Label column of a CSV dataset.")] = "label",
     seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("meshfl-run"),
@@ -255,6 +263,7 @@ def local(
         open_browser=open_browser,
         log_format=log_format.value,
         brokers=brokers,
+        in_process=in_process,
     )
     validate(config)
     check_secure_options(config)

@@ -24,6 +24,9 @@ from meshfl.errors import ConfigError, CoordinatorError, CoordinatorUnreachable
 
 __all__ = ["AdminClient", "settled_rounds"]
 
+_PAGE = 1000
+"""Items per page of a list the coordinator pages (its largest ``limit``)."""
+
 
 def settled_rounds(
     rounds: list[RoundSummary], alive: int, lag: int | None = None
@@ -81,8 +84,14 @@ class AdminClient:
         self.close()
 
     def devices(self) -> list[DevicePublic]:
-        """Every enrolled device."""
-        return cast(list[DevicePublic], self._call("GET", "/devices"))
+        """Every enrolled device (``GET /devices`` page by page, 1,000 a page)."""
+        found: list[DevicePublic] = []
+        while True:
+            params = {"limit": _PAGE, "offset": len(found)}
+            page = cast(list[DevicePublic], self._call("GET", "/devices", params=params))
+            found += page
+            if len(page) < _PAGE:
+                return found
 
     def create_job(self, spec: JobSpec) -> JobPublic:
         """Create a job (status ``created``)."""

@@ -37,8 +37,8 @@ class Hooks:
 
 
 def agents(supervisor: Supervisor) -> list[Child]:
-    """The agent children (``device-*``), in start order."""
-    return [c for c in supervisor.children if c.name.startswith("device-")]
+    """The agent children (``device-*``, and ``fleet-*`` of in-process agents), in start order."""
+    return [c for c in supervisor.children if c.name.startswith(("device-", "fleet-"))]
 
 
 def check_servers(supervisor: Supervisor, stopped: Collection[str] = ()) -> None:

@@ -27,6 +27,7 @@ from meshfl.local.bridged import brokers_section, check_bridged_options, start_b
 from meshfl.local.chaos import ChaosFleet
 from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
+from meshfl.local.inprocess import check_in_process_options, coordinator_tuning, start_fleets
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
 from meshfl.local.process_faults import ProcessFaults, broker_faults
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
@@ -72,7 +73,9 @@ class LocalConfig:
     ``open_browser`` also opens the link (:mod:`meshfl.local.dashboard`). ``log_format``
     (``text`` or ``json``) is the children's ``--log-format`` (their logs under ``logs/``).
     ``brokers`` > 1 runs that many Mosquitto brokers bridged to the coordinator's, agents
-    alternating over them (:mod:`meshfl.local.bridged`; 1: one broker).
+    alternating over them (:mod:`meshfl.local.bridged`; 1: one broker). ``in_process`` K
+    > 0 runs the agents as threads of K processes (:mod:`meshfl.local.inprocess`; 0: one
+    process per agent).
     """
 
     agents: int = 8
@@ -134,6 +137,8 @@ class LocalConfig:
     log_format: str = "text"
     # Scale past one broker (issue 10): N Mosquitto brokers joined by bridges.
     brokers: int = 1
+    # Scale on one machine (issue 10): agents as threads of K processes (0: a process each).
+    in_process: int = 0
 
 
 DEFAULTS = LocalConfig()
@@ -161,6 +166,7 @@ def run_local(
     show: Callable[[list[RoundSummary]], None] | None = None,
     notify: Callable[[str], None] | None = None,
     on_report: Callable[[LocalRun], None] | None = None,
+    on_enrolled: Callable[[], None] | None = None,
 ) -> LocalRun:
     """Run one job on a local fleet and return its report.
 
@@ -179,6 +185,9 @@ def run_local(
     on_report
         Called once ``report.json`` is written, while the broker and the coordinator
         still run (before the ``dashboard_linger_s`` wait); not on failure or Ctrl-C.
+    on_enrolled
+        Called once every agent has enrolled and reported its profile (its link probed
+        through the broker), just before the job is created: start-up traffic ends there.
 
     Raises
     ------
@@ -191,6 +200,7 @@ def run_local(
     validate(config)
     check_secure_options(config)
     check_bridged_options(config)
+    check_in_process_options(config)
     out = config.out
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +246,7 @@ def run_local(
             supervisor, out, broker_url, enrol_token,
             [*([] if secure is None else secure.coordinator_args()),
              "--log-format", config.log_format],
+            **coordinator_tuning(config),
         )  # fmt: skip
         say(f"broker {broker_url}, coordinator {url}; starting {config.agents} agents")
         dashboard = start_dashboard(admin, config.open_browser, say) if config.dashboard else None
@@ -261,9 +272,13 @@ def run_local(
                 ],
             )  # fmt: skip
 
-        for i in range(config.agents):
+        if config.in_process:
+            start_fleets(supervisor, config, url, enrol_token, device_files)
+        for i in range(0 if config.in_process else config.agents):
             start_agent(f"device-{i}")
         _wait_for_enrolment(admin, supervisor, config.agents, secure)
+        if on_enrolled is not None:
+            on_enrolled()
         job = admin.create_job(spec)
         job = admin.start_job(job["job_id"])
         say(f"{config.agents} agents enrolled; job {job['job_id']} started")
@@ -547,7 +562,13 @@ def _coordinator_up(supervisor: Supervisor, url: str) -> None:
 
 
 def _start_coordinator(
-    supervisor: Supervisor, out: Path, broker_url: str, enrol_token: str, extra: list[str]
+    supervisor: Supervisor,
+    out: Path,
+    broker_url: str,
+    enrol_token: str,
+    extra: list[str],
+    env: dict[str, str] | None = None,
+    admin_timeout_s: float = 10.0,
 ) -> tuple[str, AdminClient]:
     admin_token = secrets.token_urlsafe(16)
     port = free_port()
@@ -561,14 +582,17 @@ def _start_coordinator(
             "--admin-token", admin_token, *extra,
         ],
         # One user on loopback: agents enrol all at once and the monitor polls per device.
-        env={f"MESHFL_COORDINATOR_RATE_LIMIT_{who}": "" for who in ("ENROL", "OPERATOR")},
+        env={
+            **{f"MESHFL_COORDINATOR_RATE_LIMIT_{who}": "" for who in ("ENROL", "OPERATOR")},
+            **(env or {}),
+        },
     )  # fmt: skip
     try:
         wait_for_port("127.0.0.1", port, 60.0, alive=child)
     except MeshflError as exc:
         raise MeshflError(f"the coordinator failed to start: {exc}") from None
     url = f"http://127.0.0.1:{port}"
-    return url, AdminClient(url, admin_token)
+    return url, AdminClient(url, admin_token, timeout_s=admin_timeout_s)
 
 
 def _wait_for_enrolment(

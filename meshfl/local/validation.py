@@ -11,6 +11,7 @@ from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES
 from meshfl.errors import ConfigError
 from meshfl.local.chaos import validate_chaos
 from meshfl.local.fleet import validate_fleet
+from meshfl.local.inprocess import MAX_IN_PROCESS_AGENTS
 
 if TYPE_CHECKING:
     from meshfl.local.run import LocalConfig
@@ -31,8 +32,9 @@ def validate(config: LocalConfig) -> None:
         An option is out of range; the message names it and the valid range.
 
     """
-    if not 2 <= config.agents <= MAX_AGENTS:
-        raise ConfigError(f"--agents must be between 2 and {MAX_AGENTS} (got {config.agents})")
+    most = MAX_IN_PROCESS_AGENTS if config.in_process else MAX_AGENTS
+    if not 2 <= config.agents <= most:
+        raise ConfigError(f"--agents must be between 2 and {most} (got {config.agents})")
     for name, value in (("--rounds", config.rounds), ("--batch-size", config.batch_size),
                         ("--local-epochs", config.local_epochs)):  # fmt: skip
         if value < 1:
@@ -64,7 +66,7 @@ def validate(config: LocalConfig) -> None:
     _validate_rounds(config)
     validate_fleet(config)
     validate_chaos(config)
-    if config.agents + len(config.join_at) > MAX_AGENTS:
+    if config.join_at and config.agents + len(config.join_at) > MAX_AGENTS:
         raise ConfigError(f"--agents plus --join-at agents must be at most {MAX_AGENTS}")
     if config.broker is not None:
         from edge_agent.transport.mqtt import parse_broker_url
