@@ -8,6 +8,12 @@ from typing import Annotated
 import typer
 
 from meshfl.cli.agent_fleet import fleet
+from meshfl.cli.agent_options import (
+    CoordinatorOption,
+    KeepaliveOption,
+    OfflineGraceOption,
+    TokenOption,
+)
 from meshfl.cli.logs import LogFormat, LogFormatOption
 
 agent_app = typer.Typer(help="Run an edge agent on this device.", no_args_is_help=True)
@@ -16,13 +22,8 @@ agent_app.command("fleet")(fleet)
 
 @agent_app.command("run")
 def run(
-    coordinator: Annotated[
-        str,
-        typer.Option(
-            envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."
-        ),
-    ],
-    token: Annotated[str, typer.Option(envvar="MESHFL_TOKEN", help="The fleet's enrolment token.")],
+    coordinator: CoordinatorOption,
+    token: TokenOption,
     data: Annotated[
         Path, typer.Option(help="Local training data: .npz (x, y), .csv or an image folder.")
     ],
@@ -56,28 +57,8 @@ def run(
             help="Train FACTOR times slower (sleep after each step); for tests and benchmarks.",
         ),
     ] = 1.0,
-    keepalive: Annotated[
-        int,
-        typer.Option(
-            envvar="MESHFL_KEEPALIVE",
-            min=5,
-            max=65535,
-            metavar="SECONDS",
-            help="MQTT keepalive: the broker declares this agent gone (its Last Will)"
-            " after 1.5x this without a packet.",
-        ),
-    ] = 30,
-    offline_grace: Annotated[
-        float,
-        typer.Option(
-            envvar="MESHFL_OFFLINE_GRACE",
-            min=1.0,
-            metavar="SECONDS",
-            help="How long a round keeps waiting for a neighbour whose connection dropped"
-            " (its Last Will) before mixing without it, at most the round deadline; set it"
-            " to your devices' restart time to have a rebooting neighbour waited for.",
-        ),
-    ] = 1.0,
+    keepalive: KeepaliveOption = 30,
+    offline_grace: OfflineGraceOption = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -170,12 +151,7 @@ def health(
 
 @agent_app.command("serve")
 def serve(
-    coordinator: Annotated[
-        str,
-        typer.Option(
-            envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."
-        ),
-    ],
+    coordinator: CoordinatorOption,
     token: Annotated[
         str | None,
         typer.Option(

@@ -7,19 +7,20 @@ from typing import Annotated
 
 import typer
 
+from meshfl.cli.agent_options import (
+    CoordinatorOption,
+    KeepaliveOption,
+    OfflineGraceOption,
+    TokenOption,
+)
 from meshfl.cli.logs import LogFormat, LogFormatOption
 
 __all__ = ["fleet"]
 
 
 def fleet(
-    coordinator: Annotated[
-        str,
-        typer.Option(
-            envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."
-        ),
-    ],
-    token: Annotated[str, typer.Option(envvar="MESHFL_TOKEN", help="The fleet's enrolment token.")],
+    coordinator: CoordinatorOption,
+    token: TokenOption,
     data: Annotated[
         str,
         typer.Option(
@@ -54,21 +55,8 @@ def fleet(
     stagger: Annotated[
         float, typer.Option(min=0.0, metavar="SECONDS", help="Pause between agent starts.")
     ] = 0.0,
-    keepalive: Annotated[
-        int,
-        typer.Option(
-            envvar="MESHFL_KEEPALIVE", min=5, max=65535, metavar="SECONDS", help="MQTT keepalive."
-        ),
-    ] = 30,
-    offline_grace: Annotated[
-        float,
-        typer.Option(
-            envvar="MESHFL_OFFLINE_GRACE",
-            min=1.0,
-            metavar="SECONDS",
-            help="How long a round waits for a neighbour whose connection dropped.",
-        ),
-    ] = 1.0,
+    keepalive: KeepaliveOption = 30,
+    offline_grace: OfflineGraceOption = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
