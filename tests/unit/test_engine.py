@@ -64,19 +64,24 @@ def test_absent_neighbour_is_reported_missing_after_the_deadline(bus: MemoryBrok
     assert all(np.isfinite(g["w"]).all() for g in got if g is not None)
 
 
-def test_offline_status_ends_the_wait_early(bus: MemoryBroker) -> None:
-    import time
-
-    dead: Transport = MemoryTransport(bus)
+def _kill_dev_2(bus: MemoryBroker) -> None:
+    """dev-2 connects with its Last Will ("offline", retained) and dies: the Will is out."""
     from gossip_scenarios import FLEET
 
     from edge_agent.transport.base import Message
     from meshfl.wire import status_topic
 
+    dead: Transport = MemoryTransport(bus)
     dead.connect(
         "dev-2", will=Message(status_topic(FLEET, "dev-2"), b'{"state": "offline"}', retain=True)
     )
     dead.kill()  # type: ignore[attr-defined]
+
+
+def test_offline_status_ends_the_wait_early(bus: MemoryBroker) -> None:
+    import time
+
+    _kill_dev_2(bus)
     started = time.monotonic()
 
     _, missing, _ = run_engines(
@@ -90,16 +95,7 @@ def test_offline_status_ends_the_wait_early(bus: MemoryBroker) -> None:
 def test_an_offline_neighbour_is_waited_for_through_the_offline_grace(bus: MemoryBroker) -> None:
     import time
 
-    from gossip_scenarios import FLEET
-
-    from edge_agent.transport.base import Message
-    from meshfl.wire import status_topic
-
-    dead: Transport = MemoryTransport(bus)
-    dead.connect(
-        "dev-2", will=Message(status_topic(FLEET, "dev-2"), b'{"state": "offline"}', retain=True)
-    )
-    dead.kill()  # type: ignore[attr-defined]
+    _kill_dev_2(bus)
     started = time.monotonic()
 
     _, missing, engines = run_engines(
