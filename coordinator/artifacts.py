@@ -19,9 +19,8 @@ import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -32,6 +31,9 @@ from meshfl.contract import JobArtifacts
 from meshfl.contract import ModelArtifact as ModelArtifactBody
 from meshfl.errors import ConfigError
 from meshfl.modelspec import describe, is_custom, layout
+
+if TYPE_CHECKING:
+    import onnx  # annotations only: coordinator.consensus imports onnx when a model arrives
 
 __all__ = ["CONSENSUS", "ArtifactStore", "Upload", "check_job_model"]
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from coordinator.errors import Conflict
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["ConsensusError", "average_models", "parse_model"]
 
@@ -31,6 +33,8 @@ class ConsensusError(Conflict):
 
 def parse_model(data: bytes, what: str) -> onnx.ModelProto:
     """Parse ONNX bytes (protobuf, no code runs); ConsensusError naming ``what`` if invalid."""
+    import onnx  # here, not at module level: ~10 MiB a coordinator pays only once models arrive
+
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -93,6 +97,8 @@ class _Structure:
 
 
 def _dtype(data_type: int) -> str:
+    import onnx  # loaded already: only called on a parsed model
+
     return str(onnx.TensorProto.DataType.Name(data_type)).lower()
 
 
@@ -119,6 +125,9 @@ def average_models(models: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[str
         differ (the message names both devices and the first difference).
 
     """
+    import onnx  # here, not at module level: ~10 MiB a coordinator pays only once models arrive
+    from onnx import numpy_helper
+
     first: onnx.ModelProto | None = None
     reference: _Structure | None = None
     first_id = ""

@@ -5,17 +5,22 @@ and when a job ends, the coordinator publishes one retained JSON message on
 ``meshfl/v1/{fleet}/control`` (:func:`meshfl.wire.control_topic`)::
 
     {"job": "job-…", "version": 3, "from_round": 9, "kind": "ring",
-     "devices": ["dev-a", …], "W": [[…], …], "status": "running"}
+     "devices": ["dev-a", …], "edges": [[0, 1], …], "status": "running"}
 
 A pause and a resume are announced too (same version, ``status`` ``"paused"`` with
 ``"pause_round"``: the first round held back, then ``"running"`` again).
 
-``kind`` is the topology kind, ``devices`` the version's devices by position in ``W``
-(row-major, float64 values). Retained, so an agent that subscribes late still gets the
-latest version; agents also poll ``GET /devices/{id}/assignment`` every round, so a lost
-message only delays a change. The publisher is injected (``create_app(settings,
-publish)``): the coordinator itself never imports an MQTT client. A failing publish is
-logged and never fails the request that caused it.
+``kind`` is the topology kind, ``devices`` the version's devices by position and
+``edges`` its graph as sorted ``[i, j]`` position pairs (``i < j``). The message does not
+carry the mixing matrix: W is :func:`meshfl.topology.mixing_matrix` of that graph under
+the job's ``mixing`` rule, which every agent already has from its assignment, so each
+agent computes its own row. A dense W is N² numbers sent to N agents, O(N³) broker bytes
+per announcement (about 70 MB at 256 devices); the edges are N·d/2 pairs. Retained, so
+an agent that subscribes late still gets the latest version; agents also poll ``GET
+/devices/{id}/assignment`` every round, so a lost message only delays a change. The
+publisher is injected (``create_app(settings, publish)``): the coordinator itself never
+imports an MQTT client. A failing publish is logged and never fails the request that
+caused it.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ def control_payload(job: Job) -> dict[str, Any]:
         "from_round": int(topo.get("from_round", 1)),
         "kind": topo.get("kind"),
         "devices": list(topo.get("devices", [])),
-        "W": topo.get("W", []),
+        "edges": [[int(i), int(j)] for i, j in topo.get("edges", [])],
         "status": job.status,
         **({"pause_round": job.pause_round} if job.status == "paused" else {}),
     }
@@ -76,6 +81,21 @@ class Control:
     fleet: str
     publish: Publish | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    _checked: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    _checked_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def departures_due(self, job_id: str, now: float, every_s: float) -> bool:
+        """Whether ``job_id``'s departure rules are due at ``now`` (unix seconds).
+
+        True at most once per ``every_s`` seconds per job in this process (always when
+        ``every_s`` is 0, or when ``now`` went back); each True starts the next period.
+        """
+        with self._checked_lock:
+            last = self._checked.get(job_id)
+            if last is not None and 0 <= now - last < every_s:
+                return False
+            self._checked[job_id] = now
+            return True
 
     def announce(self, job: Job) -> None:
         """Publish ``job``'s current version and status; a failure is only logged."""

@@ -292,6 +292,11 @@ def make_engine(url: str) -> Engine:
     A plain ``postgresql://`` URL uses the psycopg (3) driver. SQLite gets
     ``check_same_thread=False`` (FastAPI serves sync routes from a thread
     pool), foreign keys switched on, and a single shared connection for ``:memory:``.
+    A SQLite file is put in write-ahead-log mode with ``synchronous=NORMAL`` (SQLite's
+    recommended setting for concurrent use, https://sqlite.org/wal.html): readers do not
+    block the writer, and a commit appends to the ``-wal`` file without an fsync, so a
+    fleet's round reports and polls do not queue behind each other's disk flushes. A
+    power cut may lose the last commits, never the database's consistency.
     Pooled engines hold up to :data:`THREADS` connections, one per request thread.
     """
     parsed = make_url(url)
@@ -309,11 +314,15 @@ def make_engine(url: str) -> Engine:
     else:
         kwargs.update(pool)
     engine = create_engine(parsed, **kwargs)
+    in_file = "poolclass" not in kwargs
 
     @event.listens_for(engine, "connect")
-    def _foreign_keys_on(dbapi_connection: Any, _record: Any) -> None:
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
+        if in_file:  # readers never wait for the writer; a commit appends, no fsync
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
     return engine

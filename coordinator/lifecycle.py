@@ -280,7 +280,8 @@ def refresh_status(
         return job
     if job.status != "running":
         return job
-    leaving = churn.departures(session, job, now, settings)
+    due = control is None or control.departures_due(job.id, now, settings.departure_check_s)
+    leaving = churn.departures(session, job, now, settings) if due else {}
     if leaving:
         churn.replan(session, job, now, remove=leaving, control=control)
         if job.status != "running":

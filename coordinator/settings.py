@@ -51,6 +51,11 @@ class CoordinatorSettings(BaseSettings):
         twice its latest reported round time, whichever is longer): a killed agent leaves
         within a few rounds. A live agent asks for its assignment every ``poll_s`` (0.5 s)
         while it runs a job, so 1.5 s of silence is three missed polls. Default 1.5.
+    departure_check_s : float
+        Seconds. The departure rules of a running job (``depart_*``) are evaluated at most
+        this often per coordinator process, not on every poll and report: with N devices
+        each rule pass costs O(N) queries and a fleet polls O(N) times a second. A
+        departure is then seen at most this much later. 0: on every request. Default 0.5.
     depart_at_end_s : float
         Seconds. Once every other participant is done, one silent this long leaves (it
         died near the end, or its coordinator link did: 20 missed polls), and the job
@@ -94,6 +99,7 @@ class CoordinatorSettings(BaseSettings):
     depart_after_s: float = Field(default=60.0, gt=0)
     depart_evidence_s: float = Field(default=1.5, gt=0)
     depart_at_end_s: float = Field(default=10.0, gt=0)
+    departure_check_s: float = Field(default=0.5, ge=0)
     artifacts_dir: Path | None = None
     max_model_bytes: int = Field(default=64 << 20, gt=0)
     metrics_public: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import Any
+from collections.abc import Sequence
 
 from sqlalchemy import Select, delete, func, select
 from sqlalchemy.exc import IntegrityError
@@ -276,51 +276,66 @@ def participation(session: Session, job: Job, device: Device) -> JobDevice:
     return row
 
 
-def round_metrics(session: Session, job: Job) -> list[RoundMetric]:
-    """Every stored round report of ``job``, by round then arrival."""
+def round_metrics(session: Session, job: Job, *, since_round: int = 1) -> list[RoundMetric]:
+    """Every stored round report of ``job`` from ``since_round`` on, by round then arrival."""
     query = (
         select(RoundMetric)
-        .where(RoundMetric.job_id == job.id)
+        .where(RoundMetric.job_id == job.id, RoundMetric.round >= since_round)
         .order_by(RoundMetric.round, RoundMetric.id)
     )
     return list(session.scalars(query))
 
 
 def record_metrics(
-    session: Session, row: JobDevice, device: Device, metrics: RoundMetrics, now: float
-) -> bool:
-    """Store one round report; a repeat of a stored (job, device, round) is ignored.
+    session: Session,
+    row: JobDevice,
+    device: Device,
+    reports: Sequence[RoundMetrics],
+    now: float,
+) -> int:
+    """Store round reports of one participant in one transaction; repeats are ignored.
 
-    Returns ``True`` when stored, ``False`` for a duplicate (the first report wins).
+    A report whose (job, device, round) is stored already, or repeated within
+    ``reports``, is skipped (the first report wins). Returns how many were stored. If a
+    concurrent request stored one of the same rounds first, the transaction is retried
+    once without it.
     """
     row.last_activity = now
     device.last_seen = now
-    exists = session.scalars(
-        select(RoundMetric.id).where(
-            RoundMetric.job_id == row.job_id,
-            RoundMetric.device_id == row.device_id,
-            RoundMetric.round == metrics["round"],
+    for _attempt in range(2):
+        stored = set(
+            session.scalars(
+                select(RoundMetric.round).where(
+                    RoundMetric.job_id == row.job_id,
+                    RoundMetric.device_id == row.device_id,
+                    RoundMetric.round.in_({m["round"] for m in reports}),
+                )
+            )
         )
-    ).first()
-    if exists is not None:
-        session.commit()
-        return False
-    body: dict[str, Any] = dict(metrics)
-    session.add(
-        RoundMetric(
-            job_id=row.job_id,
-            device_id=row.device_id,
-            round=metrics["round"],
-            metrics=body,
-            received_at=now,
+        fresh: dict[int, RoundMetrics] = {}
+        for metrics in reports:
+            if metrics["round"] not in stored:
+                fresh.setdefault(metrics["round"], metrics)
+        session.add_all(
+            RoundMetric(
+                job_id=row.job_id,
+                device_id=row.device_id,
+                round=round_,
+                metrics=dict(metrics),
+                received_at=now,
+            )
+            for round_, metrics in fresh.items()
         )
-    )
-    try:
-        session.commit()
-    except IntegrityError:  # a concurrent duplicate won the race: same outcome
-        session.rollback()
-        return False
-    return True
+        try:
+            session.commit()
+        except IntegrityError:  # a concurrent duplicate won the race: look again
+            session.rollback()
+            row.last_activity = now
+            device.last_seen = now
+            continue
+        return len(fresh)
+    session.commit()  # the activity alone
+    return 0
 
 
 def device_round_metrics(

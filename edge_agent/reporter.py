@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from edge_agent.rest import CoordinatorClient
 from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
-from meshfl.errors import MeshflError
+from meshfl.errors import CoordinatorError, MeshflError
 from meshfl.logcontext import run_in_context
 
 __all__ = ["Reporter"]
@@ -42,10 +42,12 @@ class Reporter:
     poll_s
         Seconds between assignment reads (default 1).
     max_backlog
-        Round reports allowed to wait unsent (default 4). :meth:`post_metrics` blocks
-        while more are waiting: a coordinator that cannot keep up slows the rounds
-        rather than falling ever further behind them (its view of the job, and the round
-        it plans topology changes from, stays within a few rounds of the devices).
+        Round reports allowed to wait unsent or in flight (default 8, at most 64: the
+        coordinator's batch limit). :meth:`post_metrics` blocks while more are waiting:
+        a coordinator that cannot keep up slows the rounds rather than falling ever
+        further behind them (its view of the job, and the round it plans topology
+        changes from, stays within a few rounds of the devices). Reports that wait go out
+        together as one batch.
 
     A request that fails for good (the client gave up retrying, or the coordinator
     refused it) is kept and raised by the next :meth:`post_metrics`, :meth:`put_profile`
@@ -59,8 +61,10 @@ class Reporter:
         device_id: str,
         job_id: str,
         poll_s: float = 1.0,
-        max_backlog: int = 4,
+        max_backlog: int = 8,
     ) -> None:
+        if not 1 <= max_backlog <= 64:
+            raise ValueError(f"max_backlog must be in 1..64, got {max_backlog}")
         self.client, self.device_id, self.job_id = client, device_id, job_id
         self.poll_s = poll_s
         self._slots = threading.BoundedSemaphore(max_backlog)
@@ -71,6 +75,8 @@ class Reporter:
         self._polls = 0  # completed polls, for wait_for_poll
         self._poll_done = threading.Condition(self._lock)
         self._error: MeshflError | None = None
+        self._unsent: list[RoundMetrics] = []  # queued round reports, oldest first
+        self._batches = True  # False once the coordinator refused the batch route
         # In the caller's log context: its lines name the device and job (meshfl.logcontext).
         self._thread = threading.Thread(
             target=run_in_context(self._run), name="meshfl-reporter", daemon=True
@@ -80,21 +86,18 @@ class Reporter:
     def post_metrics(self, metrics: RoundMetrics) -> None:
         """Queue one round's report (posted in order, idempotent on the coordinator).
 
-        Blocks while ``max_backlog`` reports are waiting (backpressure).
+        Blocks while ``max_backlog`` reports are waiting or in flight (backpressure).
+        Reports that queued up while a request was in flight go out together, as one
+        ``POST .../metrics/batch`` (one ``POST .../metrics`` when alone).
         """
         self._raise()
         while not self._slots.acquire(timeout=0.5):
             self._raise()
             if not self._thread.is_alive():
                 return
-
-        def post() -> None:
-            try:
-                self.client.post_metrics(self.job_id, metrics)
-            finally:
-                self._slots.release()
-
-        self._queue.put(post)
+        with self._lock:
+            self._unsent.append(metrics)
+        self._queue.put(self._post_unsent)
 
     def put_profile(self, profile: CapabilityProfile) -> None:
         """Queue a re-measured capability profile."""
@@ -150,6 +153,33 @@ class Reporter:
             if time.monotonic() - polled_at >= self.poll_s and self._error is None:
                 self._call(self._poll)
                 polled_at = time.monotonic()
+
+    def _post_unsent(self) -> None:
+        """Send every queued report, in order: one request, a batch if more than one."""
+        with self._lock:
+            batch, self._unsent = self._unsent, []
+        if not batch:
+            return  # an earlier call already sent this one
+        try:
+            if len(batch) == 1 or not self._batches:
+                for metrics in batch:
+                    self.client.post_metrics(self.job_id, metrics)
+            else:
+                self._post_batch(batch)
+        finally:
+            for _ in batch:
+                self._slots.release()
+
+    def _post_batch(self, batch: list[RoundMetrics]) -> None:
+        try:
+            self.client.post_metrics_batch(self.job_id, batch)
+        except CoordinatorError as exc:
+            if exc.status not in (404, 405):
+                raise
+            log.info("the coordinator takes no batches of round reports: one at a time")
+            self._batches = False
+            for metrics in batch:
+                self.client.post_metrics(self.job_id, metrics)
 
     def _poll(self) -> None:
         current = self.client.assignment(self.device_id)

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -150,6 +151,10 @@ class CoordinatorClient:
     def post_metrics(self, job_id: str, metrics: RoundMetrics) -> None:
         """Report one round's metrics (idempotent: a retried post is ignored)."""
         self._request("POST", f"/jobs/{job_id}/metrics", json=metrics)
+
+    def post_metrics_batch(self, job_id: str, batch: Sequence[RoundMetrics]) -> None:
+        """Report several rounds' metrics in order, one request (at most 64; idempotent)."""
+        self._request("POST", f"/jobs/{job_id}/metrics/batch", json=list(batch))
 
     def post_decline(self, job_id: str, reason: str) -> None:
         """Tell the coordinator this device cannot take part in the job, and why."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshfl.contract import Assignment
-from meshfl.topology import mixing_matrix, one_peer_exponential
+from meshfl.errors import TopologyError
+from meshfl.topology import Graph, mixing_matrix, one_peer_exponential
 
 __all__ = ["TopologyVersion"]
 
@@ -58,15 +59,26 @@ class TopologyVersion:
     def from_control(
         cls, message: Mapping[str, Any], device_id: str, mixing: str
     ) -> TopologyVersion | None:
-        """The version of a control-topic message, or ``None`` if it is malformed."""
+        """The version of a control-topic message, or ``None`` if it is malformed.
+
+        The message carries the graph (``devices``, ``edges``), not W: this device's row
+        is row ``position`` of :func:`meshfl.topology.mixing_matrix` under ``mixing``, the
+        same function and inputs the coordinator used, so the weights are identical to
+        the assignment's.
+        """
         try:
             devices = tuple(str(d) for d in message["devices"])
-            w = message["W"]
             position = devices.index(device_id) if device_id in devices else -1
-            row = w[position] if position >= 0 else []
-            neighbours = {
-                devices[j]: float(v) for j, v in enumerate(row) if j != position and v > 0
-            }
+            neighbours: dict[str, float] = {}
+            self_weight = 1.0
+            if position >= 0:
+                edges = frozenset(
+                    (min(int(i), int(j)), max(int(i), int(j))) for i, j in message["edges"]
+                )
+                graph = Graph(len(devices), edges)
+                row = mixing_matrix(graph, mixing)[position]
+                neighbours = {devices[j]: float(row[j]) for j in graph.neighbours(position)}
+                self_weight = float(row[position])
             return cls(
                 version=int(message["version"]),
                 from_round=int(message["from_round"]),
@@ -75,9 +87,9 @@ class TopologyVersion:
                 devices=devices,
                 position=position,
                 neighbours=neighbours,
-                self_weight=float(row[position]) if position >= 0 else 1.0,
+                self_weight=self_weight,
             )
-        except (KeyError, IndexError, TypeError, ValueError):
+        except (KeyError, IndexError, TypeError, ValueError, TopologyError):
             return None
 
     @property

@@ -30,13 +30,14 @@ POST     /jobs/{job_id}/start                        admin    → JobPublic
 POST     /jobs/{job_id}/pause                        admin    → JobPublic (409 unless running)
 POST     /jobs/{job_id}/resume                       admin    → JobPublic (409 unless paused)
 POST     /jobs/{job_id}/stop                         admin    → JobPublic
-GET      /jobs/{job_id}/rounds                       admin    → list[RoundSummary]
+GET      /jobs/{job_id}/rounds                       admin    → list[RoundSummary] (?since=R)
 GET      /jobs/{job_id}/reports                      admin    → list[DeviceRoundReport]
 GET      /jobs/{job_id}/devices                      admin    → list[JobDeviceMetrics]
 GET      /jobs/{job_id}/devices/{device_id}/metrics  admin    → list[DeviceRoundMetrics]
 GET      /jobs/{job_id}/topology                     admin    → TopologyPublic
 GET      /jobs/{job_id}/ledger                       admin    → JobLedger
 POST     /jobs/{job_id}/metrics                      device   RoundMetrics → 204
+POST     /jobs/{job_id}/metrics/batch                device   list[RoundMetrics] → 204
 POST     /jobs/{job_id}/done                         device   DeviceDone → 204
 POST     /jobs/{job_id}/decline                      device   DeviceDecline → 204
 PUT      /jobs/{job_id}/devices/{device_id}/model    device   ONNX bytes → ModelArtifact
@@ -85,7 +86,9 @@ finished job with a consensus model); it answers ``ETag: "<sha256>"`` and
 ``elastic`` job (a join: a new topology version); ``PUT .../profile`` may remove a
 participant whose battery fell below its job's ``min_battery_percent`` (a leave). Every
 topology version is also pushed, retained, on ``meshfl/v1/{fleet}/control`` as JSON
-``{"job", "version", "from_round", "kind", "devices", "W", "status"}``.
+``{"job", "version", "from_round", "kind", "devices", "edges", "status"}``: the graph's
+edges as position pairs, not W (each agent computes its row of W from them under the
+job's ``mixing`` rule).
 
 ``GET /devices`` (and its older alias ``/devices/profiles``) is the fleet view: every
 device with its latest profile, in enrolment order, optionally only those with every

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, Body, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
 from coordinator import budget, fleet_topology, ledger, lifecycle, reports, store, validation
@@ -153,12 +153,23 @@ def stop_job(
     return _public(session, lifecycle.stop_job(session, job, now, control))
 
 
+Since = Annotated[
+    int, Query(ge=1, le=2**31, description="only rounds from this one on (default 1: all)")
+]
+
+
 @router.get("/{job_id}/rounds", response_model=list[RoundSummary])
-def get_rounds(job_id: str, _: ReadDep, session: SessionDep) -> list[RoundSummary]:
-    """One summary per round any device reported."""
+def get_rounds(
+    job_id: str, _: ReadDep, session: SessionDep, since: Since = 1
+) -> list[RoundSummary]:
+    """One summary per round any device reported, from round ``since`` on.
+
+    A summary depends only on its round's reports, so a client that follows a job asks
+    for the rounds after those it has seen complete instead of reloading the whole job.
+    """
     job = store.get_job(session, job_id)
     rows = store.participants(session, job)
-    return reports.round_summaries(job, rows, store.round_metrics(session, job))
+    return reports.round_summaries(job, rows, store.round_metrics(session, job, since_round=since))
 
 
 @router.get("/{job_id}/devices", response_model=list[JobDeviceMetrics])
@@ -254,17 +265,44 @@ def post_metrics(
 
     A report for a round at or after the device's ``left_round`` is ignored (it left).
     """
+    return post_metrics_batch(job_id, [body], device, session, settings, control, now)
+
+
+MAX_BATCH = 64
+"""Round reports one ``POST .../metrics/batch`` may carry."""
+
+
+@router.post("/{job_id}/metrics/batch", status_code=status.HTTP_204_NO_CONTENT)
+def post_metrics_batch(
+    job_id: str,
+    body: Annotated[list[RoundMetrics], Body(min_length=1, max_length=MAX_BATCH)],
+    device: DeviceDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    control: ControlDep,
+    now: NowDep,
+) -> Response:
+    """Record up to 64 round reports of one participant, in order, as one request.
+
+    Each report is checked and stored as by ``POST .../metrics`` (a re-posted round is a
+    no-op, a round at or after ``left_round`` is ignored); one bad report refuses the
+    whole batch (422) before any is stored. The job's status is refreshed once. An agent
+    whose rounds outpace its reports sends what queued up in one batch, so a fast job
+    costs the coordinator one request per batch instead of one per round.
+    """
     job = store.get_job(session, job_id)
     row = store.participation(session, job, device)
     rounds = int(job.spec["rounds"])
-    if not 1 <= body["round"] <= rounds:
-        raise HTTPException(
-            422,
-            f"round {body['round']} is out of range; job {job_id!r} has rounds 1..{rounds}",
-        )
-    validation.validate_metrics(body, job.spec)  # type: ignore[arg-type]
-    if row.left_round is None or body["round"] < row.left_round:
-        store.record_metrics(session, row, device, body, now)
+    for report in body:
+        if not 1 <= report["round"] <= rounds:
+            raise HTTPException(
+                422,
+                f"round {report['round']} is out of range; job {job_id!r} has rounds 1..{rounds}",
+            )
+        validation.validate_metrics(report, job.spec)  # type: ignore[arg-type]
+    kept = [r for r in body if row.left_round is None or r["round"] < row.left_round]
+    if kept:
+        store.record_metrics(session, row, device, kept, now)
     lifecycle.refresh_status(session, job, now, settings, control)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -121,9 +121,10 @@ class AdminClient:
         """A job's status and per-device progress."""
         return cast(JobPublic, self._call("GET", f"/jobs/{path_segment(job_id)}"))
 
-    def rounds(self, job_id: str) -> list[RoundSummary]:
-        """Per-round aggregates of a job."""
-        return cast(list[RoundSummary], self._call("GET", f"/jobs/{path_segment(job_id)}/rounds"))
+    def rounds(self, job_id: str, since: int = 1) -> list[RoundSummary]:
+        """Per-round aggregates of a job, from round ``since`` on."""
+        path = f"/jobs/{path_segment(job_id)}/rounds" + (f"?since={since}" if since > 1 else "")
+        return cast(list[RoundSummary], self._call("GET", path))
 
     def reports(self, job_id: str) -> list[DeviceRoundReport]:
         """Every per-device round report of the job, in arrival order."""

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Hooks", "RoundHook", "agents", "check_servers", "monitor"]
 
+JOB_POLL_S = 1.0
+"""Seconds between reads of the followed job (its rounds are read every 0.3 s)."""
+
 RoundHook = Callable[[RoundSummary, Supervisor], None]
 
 
@@ -67,6 +70,8 @@ def monitor(
     """
     job_id = job["job_id"]
     seen, version, latest = 0, 0, 0
+    settled: list[RoundSummary] = []  # final: only the rounds after them are read again
+    job_read_at = -JOB_POLL_S
     failed: dict[str, str] = {}
     last_progress = time.monotonic()
     stall_s = 4 * config.round_deadline_s + 60.0
@@ -85,14 +90,15 @@ def monitor(
             time.sleep(0.1)
             continue
         try:
-            job = admin.job(job_id)
-            rounds = admin.rounds(job_id)
+            rounds = [*settled, *admin.rounds(job_id, since=_next_round(settled))]
+            latest = max((r["round"] for r in rounds), default=0)
+            if _job_due(job_read_at, latest, job, supervisor):
+                job, job_read_at = admin.job(job_id), time.monotonic()
         except CoordinatorUnreachable:
             if faults is None or not faults.coordinator_recovering():
                 raise
             time.sleep(0.3)
             continue
-        latest = max((r["round"] for r in rounds), default=0)
         children = agents(supervisor)
         settled = _settled(rounds, job, children)
         if len(settled) > seen:
@@ -114,17 +120,35 @@ def monitor(
         if job["status"] != "running" or all(
             c.returncode is not None and c.name not in stopped for c in children
         ):
-            if hooks.show is not None and len(rounds) > seen:
-                hooks.show(rounds)
             if job["status"] == "running":
                 job = admin.stop_job(job_id)
-                rounds = admin.rounds(job_id)
+            rounds = admin.rounds(job_id)  # all of them, as they are now
+            if hooks.show is not None and len(rounds) > seen:
+                hooks.show(rounds)
             return job, rounds, failed
         if time.monotonic() - last_progress > stall_s:
             raise MeshflError(
                 f"no round finished for {stall_s:.0f} s; see the logs in {supervisor.log_dir}"
             )
         time.sleep(0.3)
+
+
+def _job_due(read_at: float, latest: int, job: JobPublic, supervisor: Supervisor) -> bool:
+    """Whether to read the job again: every :data:`JOB_POLL_S`, and at each poll near its end.
+
+    Near its end: its last round reported, or an agent exited.
+    A job's status and devices change seldom, and reading the job costs the coordinator
+    every round report of the job.
+    """
+    return (
+        time.monotonic() - read_at >= JOB_POLL_S
+        or latest >= int(job["spec"]["rounds"])
+        or any(c.returncode is not None for c in agents(supervisor))
+    )
+
+
+def _next_round(settled: list[RoundSummary]) -> int:
+    return settled[-1]["round"] + 1 if settled else 1
 
 
 def _settled(rounds: list[RoundSummary], job: JobPublic, agents: list[Child]) -> list[RoundSummary]:

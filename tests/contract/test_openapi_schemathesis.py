@@ -189,6 +189,7 @@ DEVICE_ROUTES = {
     ("GET", "/api/v1/devices/{device_id}/assignment"),
     ("POST", "/api/v1/devices/{device_id}/heartbeat"),
     ("POST", "/api/v1/jobs/{job_id}/metrics"),
+    ("POST", "/api/v1/jobs/{job_id}/metrics/batch"),
     ("POST", "/api/v1/jobs/{job_id}/done"),
     ("POST", "/api/v1/jobs/{job_id}/decline"),
     ("PUT", "/api/v1/jobs/{job_id}/devices/{device_id}/model"),

@@ -601,6 +601,30 @@ def test_metrics_are_idempotent_per_round_and_bounded(client: TestClient, clock:
     assert missing.status_code == 404
 
 
+def test_a_batch_of_reports_is_stored_in_order_like_single_posts(
+    client: TestClient, clock: FakeClock
+) -> None:
+    job_id, devices = running_job(client, clock, rounds=4)
+    (d0, h0), (_, h1) = devices[0], devices[1]
+    url = f"{API}/jobs/{job_id}/metrics/batch"
+    client.post(f"{API}/jobs/{job_id}/metrics", json=metrics(1, 0.5, []), headers=h0)
+    batch = [metrics(1, 0.9, []), metrics(2, 0.6, []), metrics(2, 0.1, []), metrics(3, 0.7, [])]
+    stored = client.post(url, json=batch, headers=h0)
+    one_bad = client.post(url, json=[metrics(4, 0.5, []), metrics(5, 0.5, [])], headers=h1)
+    empty = client.post(url, json=[], headers=h1)
+    too_many = client.post(url, json=[metrics(1, 0.5, [])] * 65, headers=h1)
+    not_mine = client.post(url, json=[metrics(1, 0.5, [])], headers=ADMIN_H)
+
+    assert stored.status_code == 204
+    assert (one_bad.status_code, empty.status_code, too_many.status_code) == (422, 422, 422)
+    assert "rounds 1..4" in one_bad.json()["detail"]
+    assert not_mine.status_code == 403
+    reports = client.get(f"{API}/jobs/{job_id}/devices/{d0}/metrics", headers=ADMIN_H).json()
+    assert [(r["round"], r["accuracy"]) for r in reports] == [(1, 0.5), (2, 0.6), (3, 0.7)]
+    rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
+    assert [r["devices_reporting"] for r in rounds] == [1, 1, 1]  # nothing of the bad batch
+
+
 def test_round_summaries_aggregate_the_reports(client: TestClient, clock: FakeClock) -> None:
     job_id, devices = running_job(client, clock)
     ids = [d for d, _ in devices]
@@ -638,6 +662,11 @@ def test_round_summaries_aggregate_the_reports(client: TestClient, clock: FakeCl
     assert r2["consensus_distance"] == pytest.approx(distance(sketches[:2]))
     assert (r2["bytes_sent"], r2["elapsed_s"], r2["missing_devices"]) == (21, 22.0, [ids[3]])
     assert r3["consensus_distance"] is None and r3["missing_devices"] == ids[1:]
+    since_2 = client.get(f"{API}/jobs/{job_id}/rounds?since=2", headers=ADMIN_H).json()
+    assert since_2 == rounds[1:]
+    assert client.get(f"{API}/jobs/{job_id}/rounds?since=4", headers=ADMIN_H).json() == []
+    refused = client.get(f"{API}/jobs/{job_id}/rounds?since=0", headers=ADMIN_H)
+    assert refused.status_code == 422
 
     job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
     by_id = {d["device_id"]: d for d in job["devices"]}

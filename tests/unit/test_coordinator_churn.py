@@ -19,7 +19,7 @@ from meshfl.topology import exponential, metropolis_hastings
 
 @pytest.fixture
 def fleet() -> Iterator[Fleet]:
-    made = Fleet()
+    made = Fleet(departure_check_s=0)  # the rules on every request, as the clock is by hand
     with made.client:
         yield made
 
@@ -134,6 +134,27 @@ def test_a_device_missed_by_every_neighbour_twice_leaves_fast(fleet: Fleet) -> N
     assert topo["version"] == 2 and ids[2] not in topo["devices"]
     assert topo["events"][-1]["reason"] == MISSED_BY_ALL
     assert topo["from_round"] == 5 and len(topo["edges"]) == 3  # the ring on 3 devices
+
+
+def test_the_departure_rules_run_at_most_once_per_check_period() -> None:
+    throttled = Fleet(departure_check_s=1.0)
+    with throttled.client:
+        job_id, ids = started(throttled, 4)
+        all_report(throttled, job_id, ids, 1)
+        throttled.now = 1_002.0
+        throttled.report(job_id, ids[0], 2)  # the rules ran: pi-2 is not missed by all yet
+        for device in (ids[1], ids[3]):
+            throttled.report(job_id, device, 2, missing=(ids[2],))
+        throttled.now = 1_002.5
+        throttled.report(job_id, ids[1], 3, missing=(ids[2],))
+        throttled.report(job_id, ids[3], 3, missing=(ids[2],))
+        within_the_period = throttled.topology(job_id)["version"]
+        throttled.now = 1_003.0
+        throttled.job(job_id)
+
+        assert within_the_period == 1  # the evidence is complete, the rules not yet due
+        topo = throttled.topology(job_id)
+        assert topo["version"] == 2 and ids[2] not in topo["devices"]
 
 
 def test_evidence_waits_for_silence_and_for_a_slow_devices_rounds(fleet: Fleet) -> None:

@@ -18,6 +18,7 @@ import pytest
 from coordinator import CoordinatorSettings, create_app
 from coordinator.planning import UNKNOWN_MODEL_BYTES, dense_bytes
 from edge_agent.secagg.crypto import IdentityKey
+from edge_agent.versions import TopologyVersion
 from meshfl.topology import (
     build_graph,
     exponential,
@@ -339,10 +340,24 @@ def test_start_and_stop_are_published_on_the_control_topic(fleet: Fleet) -> None
     assert topic == "meshfl/v1/lab/control"
     assert started == {
         "job": job_id, "version": 1, "from_round": 1, "kind": "ring",
-        "devices": topo["devices"], "W": topo["mixing_matrix"], "status": "running",
+        "devices": topo["devices"], "edges": topo["edges"], "status": "running",
     }  # fmt: skip
     assert sorted(started["devices"]) == sorted(ids)
     assert stopped["status"] == "stopped" and stopped["version"] == 1
+
+
+def test_each_agent_computes_the_assignments_row_of_w_from_the_control_message(
+    fleet: Fleet,
+) -> None:
+    ids = [fleet.enrol(f"pi-{k}") for k in range(6)]
+    fleet.start(devices=6, topology="random-regular", topology_degree=3)
+    ((_, started),) = fleet.published
+
+    assert "W" not in started  # the graph, not the N x N matrix
+    for device in ids:
+        pushed = TopologyVersion.from_control(started, device, "metropolis-hastings")
+        polled = TopologyVersion.from_assignment(fleet.assignment(device).json())
+        assert pushed == polled  # the same weights, to the last bit
 
 
 def test_a_failing_publisher_never_fails_the_request() -> None:

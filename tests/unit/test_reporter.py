@@ -24,9 +24,10 @@ def _metrics(round_: int) -> dict[str, object]:
 class Coordinator:
     """A mock coordinator that answers slowly and records what it got."""
 
-    def __init__(self, delay_s: float = 0.0, refuse: bool = False) -> None:
-        self.delay_s, self.refuse = delay_s, refuse
+    def __init__(self, delay_s: float = 0.0, refuse: bool = False, batches: bool = True) -> None:
+        self.delay_s, self.refuse, self.batches = delay_s, refuse, batches
         self.rounds: list[int] = []
+        self.posts: list[int] = []  # reports per POST
         self.polls = 0
         self.lock = threading.Lock()
 
@@ -38,8 +39,15 @@ class Coordinator:
             return httpx.Response(200, json={"job_id": "job-1", "status": "stopped"})
         if self.refuse:
             return httpx.Response(422, json={"detail": "round 99 is out of range"})
+        body = json.loads(request.content)
+        if request.url.path.endswith("/batch"):
+            if not self.batches:  # a coordinator from before the batch route
+                return httpx.Response(404, json={"detail": "Not Found"})
+            assert 1 <= len(body) <= 64
+        reports = body if isinstance(body, list) else [body]
         with self.lock:
-            self.rounds.append(json.loads(request.content)["round"])
+            self.rounds.extend(r["round"] for r in reports)
+            self.posts.append(len(reports))
         return httpx.Response(204)
 
 
@@ -88,8 +96,9 @@ def test_a_slow_coordinator_applies_backpressure() -> None:
         reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
     waited = time.monotonic() - started
     reporter.close()
-    # Six reports, two may wait: the caller waited for at least three replies (0.1 s each).
-    assert waited >= 0.3
+    # Six reports, at most two unsent or in flight: four were answered before the sixth was
+    # queued, by requests of at most two reports each, so two replies (0.1 s each) at least.
+    assert waited >= 0.2
     assert coordinator.rounds == list(range(1, 7))
 
 
@@ -113,3 +122,31 @@ def test_a_rate_limit_longer_than_the_retry_budget_is_a_refusal() -> None:
     with pytest.raises(CoordinatorError, match="slow down") as caught:
         client.post_metrics("job-1", _metrics(1))  # type: ignore[arg-type]
     assert caught.value.status == 429
+
+
+def test_reports_that_queue_up_behind_a_request_leave_as_one_batch() -> None:
+    coordinator = Coordinator(delay_s=0.05)
+    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=10, max_backlog=8)
+    for r in range(1, 41):
+        reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
+    reporter.close()
+
+    assert coordinator.rounds == list(range(1, 41))
+    assert len(coordinator.posts) < 20 and max(coordinator.posts) > 1
+
+
+def test_a_coordinator_without_the_batch_route_gets_one_report_at_a_time() -> None:
+    coordinator = Coordinator(delay_s=0.05, batches=False)
+    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=10, max_backlog=8)
+    for r in range(1, 21):
+        reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
+    reporter.close()
+
+    assert coordinator.rounds == list(range(1, 21))
+    assert set(coordinator.posts) == {1}
+
+
+@pytest.mark.parametrize("backlog", [0, 65])
+def test_a_backlog_beyond_the_coordinators_batch_limit_is_refused(backlog: int) -> None:
+    with pytest.raises(ValueError, match="max_backlog"):
+        Reporter(_client(Coordinator()), "dev-1", "job-1", max_backlog=backlog)
