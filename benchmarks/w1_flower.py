@@ -229,11 +229,18 @@ def _deploy(procs: list[subprocess.Popen[bytes]], env: dict[str, str], workdir: 
     )
 
 
+TUNED = {"topology": "complete", "codec": "sign", "consensus_step": 1.0}
+"""``meshfl-tuned``: the settings that reached 0.90 first near 20x fewer bytes up."""
+
+TUNED_ROUNDS = 40
+"""Rounds of ``meshfl-tuned`` at least: complete + sign reached 0.90 at rounds 25-32."""
+
+
 def run_meshfl(n: int, rounds: int, trivial: str | None, broker: str | None,
-               workdir: Path, timeout: float) -> dict[str, Any]:  # fmt: skip
+               workdir: Path, timeout: float, tuned: bool = False) -> dict[str, Any]:  # fmt: skip
     """``meshfl local`` in a child process (the launcher); its report plus timestamps."""
     spec = {"agents": n, "rounds": rounds, "out": str(workdir / "meshfl"), "broker": broker,
-            "trivial": trivial, "t_launch": time.time()}  # fmt: skip
+            "trivial": trivial, "t_launch": time.time(), "tuned": tuned}  # fmt: skip
     proc = subprocess.run([sys.executable, __file__, "--meshfl-child", json.dumps(spec)],
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if proc.returncode != 0:
@@ -256,6 +263,8 @@ def meshfl_child(spec: dict[str, Any]) -> None:
                           "out": Path(spec["out"]), "broker": spec["broker"]}  # fmt: skip
     if spec["trivial"]:
         kw.update(dataset=spec["trivial"], model="logreg", alpha=1000.0)
+    if spec.get("tuned"):
+        kw.update(TUNED)
     result = run_local(LocalConfig(**kw), notify=notify)
     timing = {**marks, "t_launch": spec["t_launch"], "t_done": time.time(),
               "report": str(result.report_path)}  # fmt: skip
@@ -342,9 +351,13 @@ def one_run(args: argparse.Namespace, phase: str, engine: str, python: Path, tab
         rounds = min(rounds, args.deploy_rounds or rounds)
     with PeakRss() as rss:
         if engine.startswith("meshfl"):
-            broker = mosquitto.url if engine == "meshfl-mosquitto" else None
-            raw = run_meshfl(args.clients, rounds, trivial, broker, work, args.timeout)
+            tuned = engine == "meshfl-tuned"
+            broker = mosquitto.url if engine in ("meshfl-mosquitto", "meshfl-tuned") else None
+            rounds = max(rounds, TUNED_ROUNDS) if tuned else rounds
+            raw = run_meshfl(args.clients, rounds, trivial, broker, work, args.timeout, tuned)
             command = f"meshfl local --agents {args.clients} --rounds {rounds}"
+            if tuned:
+                command += " --topology complete --codec sign --consensus-step 1.0"
             command += f" --broker {broker}" if broker else ""
             command += " --dataset trivial.csv --model logreg --alpha 1000" if trivial else ""
         else:
@@ -352,7 +365,7 @@ def one_run(args: argparse.Namespace, phase: str, engine: str, python: Path, tab
             command = raw["command"]
     norm = normalize(engine, raw)
     peaks = rss.by_role()
-    if engine != "meshfl-mosquitto":  # the run-wide Mosquitto is not this engine's
+    if engine not in ("meshfl-mosquitto", "meshfl-tuned"):  # the run-wide Mosquitto is not theirs
         peaks.pop("mosquitto", None)
     norm.update(command=command, rss=peaks, rounds_run=rounds,
                 targets=to_targets(norm["rounds"]))  # fmt: skip
@@ -374,7 +387,7 @@ def main() -> None:
         help="rounds for the deployment engine (default: --rounds)",
     )
     parser.add_argument("--overhead-rounds", type=int, default=20)
-    parser.add_argument("--engines", default="grpc,sim,deploy,meshfl,meshfl-mosquitto")
+    parser.add_argument("--engines", default="grpc,sim,deploy,meshfl,meshfl-mosquitto,meshfl-tuned")
     parser.add_argument("--no-overhead", action="store_true")
     parser.add_argument(
         "--smoke", action="store_true", help="2 clients, 2 rounds, grpc + meshfl, no overhead run"
@@ -405,7 +418,7 @@ def main() -> None:
         tmpdir = Path(tmp)
         table = trivial_table(tmpdir / "trivial.csv")
         mosquitto = None
-        if any(e == "meshfl-mosquitto" for e in engines) or not args.no_overhead:
+        if any(e in ("meshfl-mosquitto", "meshfl-tuned") for e in engines) or not args.no_overhead:
             from broker.mosquitto import MosquittoProcess
 
             mosquitto = MosquittoProcess(workdir=tmpdir / "mosquitto", start_timeout_s=30.0)
@@ -414,7 +427,9 @@ def main() -> None:
         try:
             for phase in ["w1", *([] if args.no_overhead else ["overhead"])]:
                 for engine in engines:
-                    if engine in unavailable or (engine, phase) == ("meshfl", "overhead"):
+                    if engine in unavailable or (
+                        phase == "overhead" and engine in ("meshfl", "meshfl-tuned")
+                    ):
                         continue  # meshfl's overhead row is meshfl-mosquitto's (a real broker)
                     runs = []
                     for rep in range(args.repeats):
