@@ -66,13 +66,16 @@ def monitor(
 
     ``faults`` strikes the run's process faults (``--chaos broker=...``) at each poll;
     the processes it stopped are not failures, and the coordinator is not polled while
-    it is down (nor blamed for refusing connections just after its restart).
+    it is down (nor blamed for refusing connections just after its restart). A read that
+    times out while the coordinator process runs (an overloaded coordinator: hundreds of
+    in-process agents) is retried until no round has finished for the stall limit.
     """
     job_id = job["job_id"]
     seen, version, latest = 0, 0, 0
     settled: list[RoundSummary] = []  # final: only the rounds after them are read again
     job_read_at = -JOB_POLL_S
     failed: dict[str, str] = {}
+    slow = False  # the last read timed out while the coordinator ran
     last_progress = time.monotonic()
     stall_s = 4 * config.round_deadline_s + 60.0
     churn.start()
@@ -94,11 +97,16 @@ def monitor(
             latest = max((r["round"] for r in rounds), default=0)
             if _job_due(job_read_at, latest, job, supervisor):
                 job, job_read_at = admin.job(job_id), time.monotonic()
-        except CoordinatorUnreachable:
-            if faults is None or not faults.coordinator_recovering():
+        except CoordinatorUnreachable as exc:
+            recovering = faults is not None and faults.coordinator_recovering()
+            if not recovering and time.monotonic() - last_progress > stall_s:
                 raise
+            if not recovering and not slow:  # alive (check_servers) but too busy to answer
+                hooks.say(f"the coordinator is slow to answer ({exc}); still following the job")
+            slow = not recovering
             time.sleep(0.3)
             continue
+        slow = False
         children = agents(supervisor)
         settled = _settled(rounds, job, children)
         if len(settled) > seen:
