@@ -144,9 +144,9 @@ def monitor(
 def _job_due(read_at: float, latest: int, job: JobPublic, supervisor: Supervisor) -> bool:
     """Whether to read the job again: every :data:`JOB_POLL_S`, and at each poll near its end.
 
-    Near its end: its last round reported, or an agent exited.
-    A job's status and devices change seldom, and reading the job costs the coordinator
-    every round report of the job.
+    Near its end means its last round was reported or an agent exited. Otherwise a job's
+    status and devices change seldom, and reading the job costs the coordinator every
+    round report of the job.
     """
     return (
         time.monotonic() - read_at >= JOB_POLL_S
