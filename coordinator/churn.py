@@ -223,11 +223,11 @@ def _apply(
     members = store.get_devices(session, devices)
     graph = graph_for(spec, graph, members)
     plans = with_no_wait(spec, plans, graph, members)
-    w, gap = mixing(graph, spec)
+    _, gap = mixing(graph, spec)
+    topo.pop("W", None)  # stored by releases before W was derived from the edges
     topo.update(
         devices=devices,
         edges=edge_list(graph),
-        W=w,
         gap=gap,
         version=version,
         from_round=start,

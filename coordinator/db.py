@@ -101,9 +101,9 @@ class Job(Base):
     started_at: Mapped[float | None] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double)
     # The current version: {"kind", "params", "devices": [ids by position], "edges":
-    # [[i, j]], "W": [[...]], "gap", "version", "from_round", "events", "plan", "sit_out"}
+    # [[i, j]], "gap", "version", "from_round", "events", "plan", "sit_out"}
     # (coordinator.planning documents it; rows from before topology versions lack the
-    # last five keys and read as version 1).
+    # last five keys and read as version 1; older rows also hold a dense "W", unused).
     topology: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # While paused (issue 6): the first round devices must not start (None otherwise).
     pause_round: Mapped[int | None] = mapped_column(Integer)

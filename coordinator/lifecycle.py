@@ -120,7 +120,7 @@ def start_job(
         graph = planning.graph_for(spec, planning.base_graph(spec, len(chosen)), chosen)
         if not graph.is_connected():
             raise TopologyError("the graph is disconnected")
-        w, gap = planning.mixing(graph, spec)
+        _, gap = planning.mixing(graph, spec)
     except (ConfigError, TopologyError) as exc:
         raise Conflict(
             f"cannot build topology {kind!r} for {len(chosen)} devices ({exc}); "
@@ -148,7 +148,6 @@ def start_job(
         "params": planning.topology_params(spec),
         "devices": [d.id for d in chosen],
         "edges": planning.edge_list(graph),
-        "W": w,
         "gap": gap,
         "version": 1,
         "from_round": 1,
@@ -274,8 +273,8 @@ def refresh_status(
     round before the pause took hold); nobody departs or is declared lost while paused.
     """
     if job.status == "paused":
-        rows = store.participants(session, job)
-        if rows and all(r.done for r in rows):
+        rows = store.participant_states(session, job)
+        if rows and all(done for done, _, _ in rows):
             _end(session, job, "completed", now, control)
         return job
     if job.status != "running":
@@ -286,13 +285,13 @@ def refresh_status(
         churn.replan(session, job, now, remove=leaving, control=control)
         if job.status != "running":
             return job
-    rows = store.participants(session, job)
-    if rows and all(r.done for r in rows):
+    rows = store.participant_states(session, job)
+    if rows and all(done for done, _, _ in rows):
         _end(session, job, "completed", now, control)
         return job
-    finished = [r for r in rows if r.done and r.left_round is None]
-    pending = [r for r in rows if not r.done]
-    if finished and all(now - r.last_activity > settings.stale_after_s for r in pending):
+    finished = [done and left is None for done, left, _ in rows]
+    pending = [seen for done, _, seen in rows if not done]
+    if any(finished) and all(now - seen > settings.stale_after_s for seen in pending):
         _end(session, job, "completed", now, control)
     return job
 
@@ -405,8 +404,7 @@ def peer_keys(session: Session, job: Job) -> dict[str, str | None]:
     ``None`` for a device enrolled without one. Read at every assignment request, so a
     device admitted to an elastic job is known to its neighbours from their next poll.
     """
-    ids = list((job.topology or {}).get("devices", []))
-    return {d.id: d.identity_key for d in store.get_devices(session, ids)}
+    return store.identity_keys(session, list((job.topology or {}).get("devices", [])))
 
 
 def leave_on_battery(

@@ -3,7 +3,7 @@
 The stored topology (``jobs.topology``, one JSON document, the *current version*) is::
 
     {"kind": "ring", "params": {"degree", "probability", "seed", "mixing"},
-     "devices": [device ids by position in W], "edges": [[i, j], …], "W": [[…]],
+     "devices": [device ids by position in W], "edges": [[i, j], …],
      "gap": 1 − |λ₂(W)|, "version": 1, "from_round": 1, "events": [TopologyEvent, …],
      "plan": {device_id: DevicePlan}, "sit_out": {device_id: reason}}
 
@@ -15,7 +15,9 @@ spec's ``custom_graph``; for ``one-peer-exponential`` the stored graph is the un
 & Sharma 2025; a byte budget by measured uplink) and the graph through
 :func:`meshfl.planning.link_aware_graph` (slow links get fewer edges, after Sun, Nguyen &
 He 2025). W is :func:`meshfl.topology.mixing_matrix` under ``spec.mixing``
-(Metropolis–Hastings by default, Xiao & Boyd 2004).
+(Metropolis–Hastings by default, Xiao & Boyd 2004). W is not stored: :func:`weights`
+derives it from the edges when asked, as agents do from a control message, so reading a
+job at every assignment poll does not decode an N × N matrix.
 """
 
 from __future__ import annotations
@@ -274,6 +276,17 @@ def graph_of(topology: Mapping[str, Any]) -> Graph:
     """The stored topology's current graph."""
     edges = frozenset((min(int(i), int(j)), max(int(i), int(j))) for i, j in topology["edges"])
     return Graph(len(topology["devices"]), edges)
+
+
+def weights(topology: Mapping[str, Any]) -> np.ndarray:
+    """W of the stored topology: float64, shape (n, n), n = ``len(topology["devices"])``.
+
+    :func:`meshfl.topology.mixing_matrix` of :func:`graph_of` under the stored
+    ``params.mixing`` (Metropolis–Hastings when absent); equal to the W computed when
+    the version was planned, since the inputs are the same.
+    """
+    rule = str(topology.get("params", {}).get("mixing", _DEFAULT_MIXING))
+    return mixing_matrix(graph_of(topology), rule)
 
 
 def edge_list(graph: Graph) -> list[list[int]]:

@@ -10,7 +10,10 @@ An error is ``Content-Type: application/problem+json`` with the body::
 status phrase, ``detail`` the one line that names the problem and the fix (what clients
 already read) and ``instance`` the request path. :func:`install` maps meshfl errors,
 FastAPI's ``HTTPException`` (404 for an unknown path, 405 with ``Allow``), request
-validation (422) and unexpected exceptions (500, no internals shown) to such a body; the
+validation (422), a database too busy to answer in time (503 with ``Retry-After``: SQLite's
+"database is locked", PostgreSQL's lock timeouts and serialization failures; the request's
+transaction is rolled back, clients retry) and unexpected exceptions (500, no internals
+shown) to such a body; the
 body-size (413) and rate-limit (429) middlewares answer one with :func:`send_problem`.
 :func:`document` declares the problem statuses each route can return in the OpenAPI.
 """
@@ -18,6 +21,7 @@ body-size (413) and rate-limit (429) middlewares answer one with :func:`send_pro
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -25,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
 from coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
@@ -66,6 +71,11 @@ _STATUS: list[tuple[type[MeshflError], int]] = [
     (ConfigError, 422),
 ]
 _INVALID_TOKEN = 'Bearer error="invalid_token"'
+_BUSY_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock timeout
+BUSY_RETRY_AFTER_S = 1
+"""``Retry-After`` of a 503 answered while the database was too busy (seconds)."""
+
+log = logging.getLogger(__name__)
 
 
 def problem_body(status: int, detail: str, instance: str) -> dict[str, Any]:
@@ -135,6 +145,34 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return problem(422, detail, request.url.path)
 
 
+def database_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database refusing for contention, not for a fault.
+
+    SQLite's "database is locked" (a writer held the lock past the busy timeout) and
+    PostgreSQL's SQLSTATE 40001, 40P01 and 55P03; retrying the request can succeed.
+    """
+    if not isinstance(exc, OperationalError):
+        return False
+    if getattr(exc.orig, "sqlstate", None) in _BUSY_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig) or "database table is locked" in str(exc.orig)
+
+
+async def _database_error(request: Request, exc: Exception) -> Response:
+    if not database_busy(exc):  # a real fault: logged with its traceback, like any 500
+        log.error("database error on %s %s", request.method, request.url.path, exc_info=exc)
+        return await _server_error(request, exc)
+    reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+    log.warning("database busy on %s %s (%s): answered 503", request.method,
+                request.url.path, reason)  # fmt: skip
+    return problem(
+        503,
+        f"the coordinator's database is busy ({reason}); retry in {BUSY_RETRY_AFTER_S} s",
+        request.url.path,
+        {"Retry-After": str(BUSY_RETRY_AFTER_S)},
+    )
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     # The exception propagates on to the server, which logs it with its traceback.
     return problem(
@@ -150,6 +188,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(MeshflError, _meshfl_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(Exception, _server_error)
 
 
@@ -162,6 +201,7 @@ _DESCRIPTIONS = {
     413: "Request body too large",
     422: "Invalid request: a wrong type, an out-of-range value or an unknown field",
     429: "Rate limit of this identity exceeded; retry after Retry-After seconds",
+    503: "The database is too busy to answer now; retry after Retry-After seconds",
 }
 
 
@@ -170,7 +210,7 @@ def _response(code: int) -> dict[str, Any]:
         "description": _DESCRIPTIONS[code],
         "content": {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
     }
-    if code == 429:
+    if code in (429, 503):
         response["headers"] = {
             "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}
         }
@@ -183,7 +223,7 @@ def _error_statuses(path: str, method: str, operation: dict[str, Any]) -> set[in
     if operation.get("security"):  # a bearer token (HTTPBearer)
         codes |= {401, 403}
     if path.startswith(API_PREFIX + "/"):
-        codes |= {401, 429}  # every API route takes a credential and is rate limited
+        codes |= {401, 429, 503}  # a credential, a rate limit, a database that can be busy
     if "path" in where:
         codes |= {404, 409}
     if method not in ("get", "head", "options"):
@@ -210,7 +250,7 @@ def document(app: FastAPI) -> None:
     """Declare in ``app``'s OpenAPI the problem statuses each operation can return.
 
     Derived from each operation once the schema is generated: one with a bearer security
-    requirement gets 401 and 403; every ``/api/v1`` operation 401 and 429; one with a
+    requirement gets 401 and 403; every ``/api/v1`` operation 401, 429 and 503; one with a
     path parameter 404 and 409; a writing method 409, 413 and 422; any parameter or
     body 422; a header parameter 400. A status the route declares itself keeps its own
     description. Every 4xx and 5xx response is documented as ``application/problem+json``

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from coordinator import planning
 from coordinator.db import Device, DeviceProfile, Job, JobDevice, RoundMetric
 from coordinator.presence import Presence, online_status
 from meshfl.aggregation import consensus_distance
@@ -266,7 +267,7 @@ def topology_public(job: Job) -> TopologyPublic:
         kind=topo["kind"],
         devices=list(topo["devices"]),
         edges=[(int(i), int(j)) for i, j in topo["edges"]],
-        mixing_matrix=topo["W"],
+        mixing_matrix=planning.weights(topo).tolist(),
         spectral_gap=float(topo["gap"]),
         version=int(topo.get("version", 1)),
         from_round=int(topo.get("from_round", 1)),
@@ -293,7 +294,7 @@ def assignment(
     assignment carries ``pause_round``, the first round the device must not start.
     """
     topo: dict[str, Any] = job.topology or {}
-    ids, w = list(topo["devices"]), topo["W"]
+    ids, w = list(topo["devices"]), planning.weights(topo)
     position = ids.index(row.device_id) if row.left_round is None and row.device_id in ids else -1
     peers = sorted(
         {j for a, b in topo["edges"] for j in (a, b) if position in (a, b) and j != position}

@@ -116,6 +116,16 @@ def get_devices(session: Session, device_ids: list[str]) -> list[Device]:
     return [found[i] for i in device_ids if i in found]
 
 
+def identity_keys(session: Session, device_ids: list[str]) -> dict[str, str | None]:
+    """The identity key of each of ``device_ids`` that exists (``None``: enrolled without).
+
+    Two columns, not whole devices: read at every assignment poll of every participant.
+    """
+    query = select(Device.id, Device.identity_key).where(Device.id.in_(device_ids))
+    found: dict[str, str | None] = {i: key for i, key in session.execute(query)}
+    return {i: found[i] for i in device_ids if i in found}
+
+
 def list_devices(session: Session) -> list[Device]:
     """All devices, in enrolment order."""
     return list(session.scalars(select(Device).order_by(Device.enrolled_at, Device.id)))
@@ -230,6 +240,17 @@ def participants(session: Session, job: Job, *, fresh: bool = False) -> list[Job
     if fresh:
         query = query.execution_options(populate_existing=True)
     return list(session.scalars(query))
+
+
+def participant_states(session: Session, job: Job) -> list[tuple[bool, int | None, float]]:
+    """``(done, left_round, last_activity)`` of each of the job's participants.
+
+    The columns :func:`coordinator.lifecycle.refresh_status` decides on, without loading
+    the rows (each request would otherwise build one object per participant).
+    """
+    query = select(JobDevice.done, JobDevice.left_round, JobDevice.last_activity)
+    rows = session.execute(query.where(JobDevice.job_id == job.id))
+    return [(bool(done), left, float(seen)) for done, left, seen in rows]
 
 
 def last_round(session: Session, job: Job) -> int:

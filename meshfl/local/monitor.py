@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshfl.contract import JobPublic, RoundSummary
-from meshfl.errors import CoordinatorUnreachable, MeshflError
+from meshfl.errors import CoordinatorError, CoordinatorUnreachable, MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.fleet import Churn
 from meshfl.local.processes import Child, Supervisor
@@ -129,7 +129,7 @@ def monitor(
             c.returncode is not None and c.name not in stopped for c in children
         ):
             if job["status"] == "running":
-                job = admin.stop_job(job_id)
+                job = _stop(admin, job_id)
             rounds = admin.rounds(job_id)  # all of them, as they are now
             if hooks.show is not None and len(rounds) > seen:
                 hooks.show(rounds)
@@ -153,6 +153,20 @@ def _job_due(read_at: float, latest: int, job: JobPublic, supervisor: Supervisor
         or latest >= int(job["spec"]["rounds"])
         or any(c.returncode is not None for c in agents(supervisor))
     )
+
+
+def _stop(admin: AdminClient, job_id: str) -> JobPublic:
+    """Stop a job whose agents have all exited; the job as it ended if it already had.
+
+    The monitor's last read of the job can be up to :data:`JOB_POLL_S` old, so the job
+    may have completed since (the coordinator then refuses the stop with 409).
+    """
+    try:
+        return admin.stop_job(job_id)
+    except CoordinatorError as exc:
+        if exc.status != 409:
+            raise
+        return admin.job(job_id)
 
 
 def _next_round(settled: list[RoundSummary]) -> int:

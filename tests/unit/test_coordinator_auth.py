@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import threading
 import time
 import warnings
@@ -412,6 +413,36 @@ def test_unknown_body_fields_are_422_but_unknown_profile_fields_are_dropped(
     assert device.json()["profile"] == {"cores": 2}
 
 
+def test_a_locked_database_answers_503_and_writes_nothing(
+    make_client: Callable[..., TestClient], tmp_path: Path
+) -> None:
+    client = make_client()
+    assert client.get(f"{API}/jobs", headers=ADMIN_H).json() == []
+    holder = sqlite3.connect(tmp_path / "c0.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock past the busy timeout
+    try:
+        busy = client.post(f"{API}/jobs", json=JOB, headers=ADMIN_H)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert_problem(busy, 503, f"{API}/jobs", "database is busy (database is locked)")
+    assert busy.headers["retry-after"] == "1"
+    assert client.get(f"{API}/jobs", headers=ADMIN_H).json() == []  # nothing half-written
+    assert client.post(f"{API}/jobs", json=JOB, headers=ADMIN_H).status_code == 201
+
+
+def test_a_database_fault_is_a_500_not_a_retry(
+    make_client: Callable[..., TestClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = make_client()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise sa.exc.OperationalError("SELECT", {}, sqlite3.OperationalError("disk I/O error"))
+
+    monkeypatch.setattr(store, "list_jobs", broken)
+    assert_problem(client.get(f"{API}/jobs", headers=ADMIN_H), 500, f"{API}/jobs", "logged")
+
+
 def test_rate_limits_are_per_identity_with_retry_after(
     make_client: Callable[..., TestClient],
 ) -> None:
@@ -492,11 +523,11 @@ def test_openapi_documents_problem_statuses_and_closed_bodies(client: TestClient
         for method, operation in operations.items():
             responses = operation["responses"]
             where = f"{method.upper()} {path}"
-            assert {"401", "429"} <= set(responses), where
+            assert {"401", "429", "503"} <= set(responses), where
             if "{" in path:
                 assert "404" in responses, where
             for code, response in responses.items():
-                if code in ("401", "403", "404", "409", "413", "422", "429"):
+                if code in ("401", "403", "404", "409", "413", "422", "429", "503"):
                     assert list(response["content"]) == [PROBLEM], (where, code)
             ref = (
                 operation.get("requestBody", {})
@@ -508,4 +539,5 @@ def test_openapi_documents_problem_statuses_and_closed_bodies(client: TestClient
             name = ref.rsplit("/", 1)[-1]
             if name and name != "CapabilityProfile":
                 assert schemas[name].get("additionalProperties") is False, (where, name)
-    assert "Retry-After" in spec["paths"][f"{API}/jobs"]["get"]["responses"]["429"]["headers"]
+    for code in ("429", "503"):
+        assert "Retry-After" in spec["paths"][f"{API}/jobs"]["get"]["responses"][code]["headers"]

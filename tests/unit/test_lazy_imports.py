@@ -1,4 +1,5 @@
-"""Heavy libraries a process loads only on the path that needs them (issue 10: memory).
+"""Memory of a process (issue 10): heavy libraries loaded only on the path that needs them,
+and the coordinator's cap on glibc malloc arenas.
 
 Each check runs in a fresh interpreter: ``sys.modules`` of the test process holds
 whatever earlier tests imported.
@@ -6,14 +7,22 @@ whatever earlier tests imported.
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 
-def _run(code: str, cwd: Path) -> str:
-    """Run ``code`` in a new interpreter; its stdout, stripped (stderr shown on failure)."""
+
+def _run(code: str, cwd: Path, *, stderr: bool = False) -> str:
+    """Run ``code`` in a new interpreter; its stdout (or stderr), stripped.
+
+    The environment is this one without ``MALLOC_ARENA_MAX``; stderr is shown on failure.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=cwd,
@@ -21,9 +30,10 @@ def _run(code: str, cwd: Path) -> str:
         text=True,
         timeout=120,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    return (done.stderr if stderr else done.stdout).strip()
 
 
 def test_coordinator_serves_without_onnx_until_a_model_arrives(tmp_path: Path) -> None:
@@ -70,3 +80,49 @@ def test_consensus_loads_onnx_on_first_model(tmp_path: Path) -> None:
         tmp_path,
     )
     assert out.startswith("the upload is not an ONNX model")
+
+
+ARENAS = """
+import ctypes, os, sys, threading
+from coordinator.server import limit_malloc_arenas
+
+if sys.argv[1:] != ["uncapped"]:
+    print("capped" if limit_malloc_arenas() else "not capped", file=sys.stderr)
+together = threading.Barrier(8)
+
+def allocate():  # eight threads allocating at once, as the request pool's do
+    kept = [bytearray(2048) for _ in range(2000)]
+    together.wait()
+
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena k:" block per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
+def test_the_coordinator_caps_malloc_arenas(tmp_path: Path) -> None:
+    script = tmp_path / "arenas.py"
+    script.write_text(ARENAS)
+    capped = _run(f"import runpy, sys; sys.argv = ['x']; runpy.run_path(r'{script}')",
+                  tmp_path, stderr=True)  # fmt: skip
+    uncapped = _run(
+        f"import runpy, sys; sys.argv = ['x', 'uncapped']; runpy.run_path(r'{script}')",
+        tmp_path,
+        stderr=True,
+    )
+
+    assert capped.startswith("capped")
+    assert capped.count("Arena ") == 2  # MALLOC_ARENAS
+    assert uncapped.count("Arena ") > 2  # what the cap saves: an arena per thread
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
+def test_an_operators_malloc_arena_max_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.server import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "3")
+    assert limit_malloc_arenas() is False

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from meshfl.errors import CoordinatorUnreachable
+from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 from meshfl.local.monitor import Hooks, monitor
 
 
@@ -81,3 +81,38 @@ def test_a_coordinator_silent_past_the_stall_limit_fails_the_run(
     monkeypatch.setattr("meshfl.local.monitor.time.sleep", lambda s: None)
     with pytest.raises(CoordinatorUnreachable):
         _follow(Admin(rounds=2, timeouts=1_000))
+
+
+class LateAdmin(Admin):
+    """Its job reads stay "running" a poll behind: the job completes just after a read."""
+
+    def __init__(self) -> None:
+        super().__init__(rounds=2, timeouts=0)
+        self.completed = False
+        self.stops = 0
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        shown = super().job(job_id)
+        shown["status"] = "completed" if self.completed else "running"
+        self.completed = self.reported == self.total  # seen as completed from the next read
+        return shown
+
+    def stop_job(self, job_id: str) -> dict[str, Any]:
+        self.stops += 1
+        raise CoordinatorError(f"job {job_id!r} is already completed; nothing to stop", status=409)
+
+
+def test_a_job_that_completed_since_its_last_read_is_not_a_failed_stop() -> None:
+    admin = LateAdmin()
+    lines: list[str] = []
+    agent = SimpleNamespace(name="device-0", returncode=None)
+    supervisor = SimpleNamespace(children=[agent], log_dir="/tmp")
+    churn = SimpleNamespace(start=lambda: None, on_round=lambda r, s: [], killed=set())
+    hooks = Hooks(on_round=lambda r, s: setattr(agent, "returncode", 0) if r["round"] == 2
+                  else None, show=None, notify=lines.append)  # fmt: skip
+    config = SimpleNamespace(round_deadline_s=60.0)
+    job, rounds, failed = monitor(admin, supervisor, admin.job("job-1"), config, hooks, churn)  # type: ignore[arg-type]
+
+    assert admin.stops == 1  # it asked to stop a job it believed running ...
+    assert job["status"] == "completed"  # ... and took the refusal as the job's end
+    assert [r["round"] for r in rounds] == [1, 2] and failed == {}
