@@ -5,7 +5,10 @@ meshfl dependency) from :mod:`flower_w1`, which rebuilds W1 without meshfl. Engi
 ``grpc`` (the legacy ``start_server`` / ``start_client`` API, one process per client on
 loopback), ``sim`` (Ray ``start_simulation``), ``deploy`` (``flower-superlink`` + one
 ``flower-supernode`` per client + ``flwr run``); then ``meshfl`` (``meshfl local``
-defaults, embedded broker) and ``meshfl-mosquitto`` (the same on a Mosquitto).
+defaults, embedded broker), ``meshfl-mosquitto`` (the same on a Mosquitto),
+``meshfl-tuned`` (the settings that reach 0.90 first, :data:`TUNED`, on the Mosquitto) and
+``meshfl-tuned-inprocess`` (the same agents as threads of 2 ``meshfl agent fleet``
+processes, ``--in-process 2``: one torch import per process instead of per agent).
 
     python benchmarks/w1_flower.py                    # everything, 3 repeats
     python benchmarks/w1_flower.py --repeats 1 --deploy-rounds 5
@@ -44,6 +47,7 @@ SIMULATION_PIN = "flwr[simulation]==1.42.0"
 TARGETS = (0.80, 0.85, 0.90)
 ROLES = [  # (substring of the command line, role), first match wins
     ("--meshfl-child", "meshfl launcher"), ("agent run", "meshfl agent"),
+    ("agent fleet", "meshfl fleet"),
     ("coordinator serve", "meshfl coordinator"), ("broker serve", "embedded broker"),
     ("mosquitto", "mosquitto"), ("flower_w1.engines server", "flower server"),
     ("flower_w1.engines client", "flower client"), ("flower_w1.engines sim", "ray driver"),
@@ -235,12 +239,23 @@ TUNED = {"topology": "complete", "codec": "sign", "consensus_step": 1.0}
 TUNED_ROUNDS = 40
 """Rounds of ``meshfl-tuned`` at least: complete + sign reached 0.90 at rounds 25-32."""
 
+IN_PROCESS = 2
+"""Fleet processes of ``meshfl-tuned-inprocess``: one per core of the 2-core reference."""
+
+ON_MOSQUITTO = ("meshfl-mosquitto", "meshfl-tuned", "meshfl-tuned-inprocess")
+"""The meshfl engines run on the benchmark's Mosquitto (the first also for the overhead)."""
+
+ENGINES = ("grpc", "sim", "deploy", "meshfl", *ON_MOSQUITTO)
+"""Every engine, in the order they run."""
+
 
 def run_meshfl(n: int, rounds: int, trivial: str | None, broker: str | None,
-               workdir: Path, timeout: float, tuned: bool = False) -> dict[str, Any]:  # fmt: skip
+               workdir: Path, timeout: float, tuned: bool = False,
+               in_process: int = 0) -> dict[str, Any]:  # fmt: skip
     """``meshfl local`` in a child process (the launcher); its report plus timestamps."""
     spec = {"agents": n, "rounds": rounds, "out": str(workdir / "meshfl"), "broker": broker,
-            "trivial": trivial, "t_launch": time.time(), "tuned": tuned}  # fmt: skip
+            "trivial": trivial, "t_launch": time.time(), "tuned": tuned,
+            "in_process": in_process}  # fmt: skip
     proc = subprocess.run([sys.executable, __file__, "--meshfl-child", json.dumps(spec)],
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if proc.returncode != 0:
@@ -265,6 +280,8 @@ def meshfl_child(spec: dict[str, Any]) -> None:
         kw.update(dataset=spec["trivial"], model="logreg", alpha=1000.0)
     if spec.get("tuned"):
         kw.update(TUNED)
+    if spec.get("in_process"):
+        kw.update(in_process=int(spec["in_process"]))
     result = run_local(LocalConfig(**kw), notify=notify)
     timing = {**marks, "t_launch": spec["t_launch"], "t_done": time.time(),
               "report": str(result.report_path)}  # fmt: skip
@@ -351,13 +368,16 @@ def one_run(args: argparse.Namespace, phase: str, engine: str, python: Path, tab
         rounds = min(rounds, args.deploy_rounds or rounds)
     with PeakRss() as rss:
         if engine.startswith("meshfl"):
-            tuned = engine == "meshfl-tuned"
-            broker = mosquitto.url if engine in ("meshfl-mosquitto", "meshfl-tuned") else None
+            tuned = engine.startswith("meshfl-tuned")
+            in_process = IN_PROCESS if engine == "meshfl-tuned-inprocess" else 0
+            broker = mosquitto.url if engine in ON_MOSQUITTO else None
             rounds = max(rounds, TUNED_ROUNDS) if tuned else rounds
-            raw = run_meshfl(args.clients, rounds, trivial, broker, work, args.timeout, tuned)
+            raw = run_meshfl(args.clients, rounds, trivial, broker, work, args.timeout, tuned,
+                             in_process)  # fmt: skip
             command = f"meshfl local --agents {args.clients} --rounds {rounds}"
             if tuned:
                 command += " --topology complete --codec sign --consensus-step 1.0"
+            command += f" --in-process {in_process}" if in_process else ""
             command += f" --broker {broker}" if broker else ""
             command += " --dataset trivial.csv --model logreg --alpha 1000" if trivial else ""
         else:
@@ -365,7 +385,7 @@ def one_run(args: argparse.Namespace, phase: str, engine: str, python: Path, tab
             command = raw["command"]
     norm = normalize(engine, raw)
     peaks = rss.by_role()
-    if engine not in ("meshfl-mosquitto", "meshfl-tuned"):  # the run-wide Mosquitto is not theirs
+    if engine not in ON_MOSQUITTO:  # the run-wide Mosquitto is not theirs
         peaks.pop("mosquitto", None)
     norm.update(command=command, rss=peaks, rounds_run=rounds,
                 targets=to_targets(norm["rounds"]))  # fmt: skip
@@ -387,7 +407,7 @@ def main() -> None:
         help="rounds for the deployment engine (default: --rounds)",
     )
     parser.add_argument("--overhead-rounds", type=int, default=20)
-    parser.add_argument("--engines", default="grpc,sim,deploy,meshfl,meshfl-mosquitto,meshfl-tuned")
+    parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--no-overhead", action="store_true")
     parser.add_argument(
         "--smoke", action="store_true", help="2 clients, 2 rounds, grpc + meshfl, no overhead run"
@@ -418,7 +438,7 @@ def main() -> None:
         tmpdir = Path(tmp)
         table = trivial_table(tmpdir / "trivial.csv")
         mosquitto = None
-        if any(e in ("meshfl-mosquitto", "meshfl-tuned") for e in engines) or not args.no_overhead:
+        if any(e in ON_MOSQUITTO for e in engines) or not args.no_overhead:
             from broker.mosquitto import MosquittoProcess
 
             mosquitto = MosquittoProcess(workdir=tmpdir / "mosquitto", start_timeout_s=30.0)
@@ -428,7 +448,7 @@ def main() -> None:
             for phase in ["w1", *([] if args.no_overhead else ["overhead"])]:
                 for engine in engines:
                     if engine in unavailable or (
-                        phase == "overhead" and engine in ("meshfl", "meshfl-tuned")
+                        phase == "overhead" and engine in ("meshfl", *ON_MOSQUITTO[1:])
                     ):
                         continue  # meshfl's overhead row is meshfl-mosquitto's (a real broker)
                     runs = []

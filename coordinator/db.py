@@ -155,8 +155,13 @@ class RoundMetric(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
     device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"))
     round: Mapped[int] = mapped_column(Integer)
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)  # the report less its sketch
     received_at: Mapped[float] = mapped_column(Double)
+    # The report's count sketch (``sketch_dim`` floats; migration 0008 moved it out of
+    # ``metrics``): only round summaries read it, and at ~5 KB a report it outweighed the
+    # rest of every load of a job's reports. Loaded on request only (``undefer``); reading
+    # it on a row loaded without raises instead of querying once per row.
+    sketch: Mapped[list[float] | None] = mapped_column(JSON, deferred=True, deferred_raiseload=True)
 
 
 class ModelArtifact(Base):

@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
 
-__all__ = ["MIGRATIONS_DIR", "alembic_config", "upgrade"]
+__all__ = ["MIGRATIONS_DIR", "alembic_config", "downgrade", "upgrade"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -24,9 +24,21 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database behind ``engine`` to ``revision`` (default: the latest).
 
     Idempotent: an up-to-date database is left unchanged. Works for SQLite and
-    PostgreSQL alike; the migrations use no dialect-specific SQL.
+    PostgreSQL alike; a migration that moves data in SQL (0008) has a statement for each.
     """
     config = alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Migrate the database behind ``engine`` back to ``revision`` (e.g. ``"0007"``).
+
+    For rolling back to an older release: data a newer schema keeps apart is put back
+    where the older one expects it (0008's sketches, into each report's ``metrics``).
+    """
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)

@@ -106,6 +106,9 @@ def round_summaries(
 ) -> list[RoundSummary]:
     """One summary per round that any device reported, in round order.
 
+    ``metrics`` must be loaded with their sketches (``store.round_metrics(...,
+    sketches=True)``): the consensus distance is computed from them.
+
     ``elapsed_s`` is the latest arrival of that round's reports minus ``started_at``
     (seconds, coordinator clock); ``missing_devices`` lists the participants, by index,
     that took part in the round (``joined_round <= round < left_round``) but sent no
@@ -125,7 +128,7 @@ def round_summaries(
                 round=rnd,
                 mean_accuracy=float(accuracy.mean()),
                 min_accuracy=float(accuracy.min()),
-                consensus_distance=sketch_distance([m.metrics["sketch"] for m in reports]),
+                consensus_distance=sketch_distance([m.sketch or [] for m in reports]),
                 bytes_sent=sum(int(m.metrics["bytes_sent"]) for m in reports),
                 bytes_received=sum(int(m.metrics["bytes_received"]) for m in reports),
                 elapsed_s=max(m.received_at for m in reports) - started,

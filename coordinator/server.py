@@ -121,9 +121,9 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
 
     glibc gives each thread that allocates its own arena, up to 8 per core, and an
     arena's freed memory stays with it. The coordinator answers requests on a pool of
-    up to 40 threads, so arenas added ~11 MiB to its peak RSS on W1 (BENCHMARKS.md).
-    Requests are short and mostly wait on the database, so 2 arenas cost no measurable
-    throughput. Not set (False) off Linux, where libc is not glibc, or where the
+    up to 40 threads, so arenas added about 11 MiB to its peak RSS on W1 (BENCHMARKS.md).
+    Threads then share the 2 arenas' locks; a request holds the GIL for most of its
+    allocations anyway. Not set (False) off Linux, where libc is not glibc, or where the
     operator chose with the ``MALLOC_ARENA_MAX`` environment variable.
     """
     if not sys.platform.startswith("linux") or os.environ.get("MALLOC_ARENA_MAX"):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Select, delete, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
 
 from coordinator.db import Device, DeviceProfile, Job, JobDevice, RoundMetric
 from coordinator.errors import Forbidden, NotFound
@@ -297,13 +297,21 @@ def participation(session: Session, job: Job, device: Device) -> JobDevice:
     return row
 
 
-def round_metrics(session: Session, job: Job, *, since_round: int = 1) -> list[RoundMetric]:
-    """Every stored round report of ``job`` from ``since_round`` on, by round then arrival."""
+def round_metrics(
+    session: Session, job: Job, *, since_round: int = 1, sketches: bool = False
+) -> list[RoundMetric]:
+    """Every stored round report of ``job`` from ``since_round`` on, by round then arrival.
+
+    ``sketches``: load each report's ``sketch`` too (round summaries need them); without,
+    reading ``RoundMetric.sketch`` raises.
+    """
     query = (
         select(RoundMetric)
         .where(RoundMetric.job_id == job.id, RoundMetric.round >= since_round)
         .order_by(RoundMetric.round, RoundMetric.id)
     )
+    if sketches:
+        query = query.options(undefer(RoundMetric.sketch))
     return list(session.scalars(query))
 
 
@@ -342,7 +350,8 @@ def record_metrics(
                 job_id=row.job_id,
                 device_id=row.device_id,
                 round=round_,
-                metrics=dict(metrics),
+                metrics={k: v for k, v in metrics.items() if k != "sketch"},
+                sketch=list(metrics.get("sketch", [])),
                 received_at=now,
             )
             for round_, metrics in fresh.items()

@@ -88,7 +88,7 @@ def _job_view(session: Session, job: Job) -> tuple[dict[str, Any], dict[str, Job
     """The snapshot's ``job`` object and each participant's totals, by device id."""
     rows = store.participants(session, job)
     ids = [r.device_id for r in rows]
-    metrics = store.round_metrics(session, job)
+    metrics = store.round_metrics(session, job, sketches=True)  # for the consensus curve
     epsilon = budget.job_epsilons(session, job, ids)
     names = store.device_names(session, ids)
     per_device = reports.job_device_metrics(rows, names, metrics, epsilon)

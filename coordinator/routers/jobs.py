@@ -169,7 +169,8 @@ def get_rounds(
     """
     job = store.get_job(session, job_id)
     rows = store.participants(session, job)
-    return reports.round_summaries(job, rows, store.round_metrics(session, job, since_round=since))
+    metrics = store.round_metrics(session, job, since_round=since, sketches=True)
+    return reports.round_summaries(job, rows, metrics)
 
 
 @router.get("/{job_id}/devices", response_model=list[JobDeviceMetrics])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import warnings
 from pathlib import Path
@@ -13,8 +14,8 @@ from alembic.migration import MigrationContext
 from postgres import PG_URL, postgres_or_skip
 
 from coordinator import CoordinatorSettings, create_app, store
-from coordinator.db import Base, make_engine
-from coordinator.migrate import upgrade
+from coordinator.db import Base, Job, make_engine, make_sessionmaker
+from coordinator.migrate import downgrade, upgrade
 from coordinator.reports import sketch_distance
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
@@ -100,6 +101,101 @@ def test_a_0002_store_upgrades_to_churn_keeping_its_participations(tmp_path: Pat
         rows = list(conn.execute(sa.text("SELECT joined_round, left_round FROM job_devices")))
     engine.dispose()
     assert diff == [] and [tuple(r) for r in rows] == [(1, None)]
+
+
+REPORT = '{"round": 1, "accuracy": 0.5, "bytes_sent": 10, "sketch": [0.5, -1.0]}'
+
+
+def _store_at_0007(url: str) -> sa.Engine:
+    """A store at revision 0007 holding one job with one round report (sketch inside)."""
+    engine = make_engine(url)
+    upgrade(engine, "0007")
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO devices (id, name, fleet, token_hash, profile, enrolled_at, last_seen)"
+            " VALUES ('dev-1', 'pi', 'lab', 'x', '{}', 1.0, 2.0)"
+        ))  # fmt: skip
+        conn.execute(sa.text(
+            "INSERT INTO jobs (id, spec, status, created_at) VALUES ('job-1', '{}', 'running', 1.0)"
+        ))  # fmt: skip
+        conn.execute(sa.text(
+            "INSERT INTO round_metrics (job_id, device_id, round, metrics, received_at)"
+            f" VALUES ('job-1', 'dev-1', 1, '{REPORT}', 3.0)"
+        ))  # fmt: skip
+    return engine
+
+
+def _report(engine: sa.Engine, columns: str) -> list[object]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT {columns} FROM round_metrics")).one())
+
+
+def check_sketches_move_out_and_back(engine: sa.Engine) -> None:
+    """0008 moves the sketch into its column, the rest stays; a downgrade moves it back."""
+    upgrade(engine)
+    assert schema_diff(engine) == []
+    metrics, sketch = (_loads(v) for v in _report(engine, "metrics, sketch"))
+    assert sketch == [0.5, -1.0]
+    assert metrics == {"round": 1, "accuracy": 0.5, "bytes_sent": 10}
+    with make_sessionmaker(engine)() as session:
+        job = session.get(Job, "job-1")
+        assert job is not None
+        (plain,) = store.round_metrics(session, job)
+        with pytest.raises(sa.exc.InvalidRequestError):  # not loaded: no query per row
+            _ = plain.sketch
+        session.expunge_all()
+        (loaded,) = store.round_metrics(session, job, sketches=True)
+        assert loaded.sketch == [0.5, -1.0]
+    downgrade(engine, "0007")
+    assert _loads(_report(engine, "metrics")[0]) == _loads(REPORT)
+
+
+def _loads(value: object) -> object:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_a_0007_store_moves_its_sketches_to_their_column_and_back(tmp_path: Path) -> None:
+    engine = _store_at_0007(f"sqlite:///{tmp_path / 'c.db'}")
+    try:
+        check_sketches_move_out_and_back(engine)
+    finally:
+        engine.dispose()
+
+
+def test_round_reports_store_the_sketch_apart(tmp_path: Path) -> None:
+    settings = CoordinatorSettings(
+        db_url=f"sqlite:///{tmp_path / 'c.db'}", enrol_token="e", admin_token="a"
+    )
+    auth = {"Authorization": "Bearer a"}
+    with TestClient(create_app(settings)) as client:
+        device, _ = (
+            client.post("/api/v1/devices/enrol", json={"token": "e", "name": f"pi-{k}"}).json()
+            for k in range(2)
+        )
+        spec = {
+            "name": "sketch", "signed_deltas": False, "algorithm": "choco",
+            "model": {"name": "mlp", "input_dim": 4, "num_classes": 2, "hidden": []},
+            "codec": "identity", "topology": "complete", "rounds": 2, "learning_rate": 0.1,
+            "batch_size": 8, "local_epochs": 1, "consensus_step": 1.0,
+            "round_deadline_s": 5.0, "max_payload_bytes": 4096, "seed": 0, "devices": 2,
+            "test_data": None, "sketch_dim": 2,
+        }  # fmt: skip
+        job_id = client.post("/api/v1/jobs", json=spec, headers=auth).json()["job_id"]
+        assert client.post(f"/api/v1/jobs/{job_id}/start", headers=auth).status_code == 200
+        report = {
+            "round": 1, "accuracy": 0.5, "loss": 0.5, "bytes_sent": 1, "bytes_received": 1,
+            "missing": [], "sketch": [1.0, 2.0], "train_s": 0.1, "round_s": 0.2,
+        }  # fmt: skip
+        device_auth = {"Authorization": f"Bearer {device['device_token']}"}
+        posted = client.post(f"/api/v1/jobs/{job_id}/metrics", json=report, headers=device_auth)
+        assert posted.status_code in (200, 202, 204), posted.text
+        rounds = client.get(f"/api/v1/jobs/{job_id}/rounds", headers=auth).json()
+        shown = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
+    engine = make_engine(settings.db_url)
+    metrics, sketch = (_loads(v) for v in _report(engine, "metrics, sketch"))
+    engine.dispose()
+    assert sketch == [1.0, 2.0] and "sketch" not in metrics  # type: ignore[operator]
+    assert [r["round"] for r in rounds] == [1] and shown.status_code == 200
 
 
 def test_in_memory_sqlite_works_for_a_whole_app() -> None:
@@ -239,3 +335,19 @@ def test_more_concurrent_requests_than_pooled_connections_all_succeed(tmp_path: 
 
     assert asyncio.run(burst()) == [200] * 100
     assert app.state.engine.pool.size() + app.state.engine.pool._max_overflow >= 40
+
+
+def test_postgresql_moves_sketches_to_their_column_and_back() -> None:
+    postgres_or_skip()
+    schema = f"meshfl_test_{secrets.token_hex(4)}"
+    admin = make_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    engine = _store_at_0007(f"{PG_URL}?options=-csearch_path%3D{schema}")
+    try:
+        check_sketches_move_out_and_back(engine)
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
