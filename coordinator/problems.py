@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
 from coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
@@ -39,6 +40,7 @@ from meshfl.errors import ConfigError, MeshflError
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
     "PROBLEM_SCHEMA",
+    "database_busy",
     "document",
     "install",
     "problem",
@@ -148,12 +150,16 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 def database_busy(exc: BaseException) -> bool:
     """Whether ``exc`` is the database refusing for contention, not for a fault.
 
-    SQLite's "database is locked" (a writer held the lock past the busy timeout) and
-    PostgreSQL's SQLSTATE 40001, 40P01 and 55P03; retrying the request can succeed.
+    SQLite's "database is locked" (a writer held the lock past the busy timeout),
+    PostgreSQL's SQLSTATE 40001, 40P01 and 55P03, and SQLAlchemy's pool timing out with
+    every connection in use; retrying the request can succeed.
     """
+    if isinstance(exc, PoolTimeoutError):  # every connection busy past the pool's timeout
+        return True
     if not isinstance(exc, OperationalError):
         return False
-    if getattr(exc.orig, "sqlstate", None) in _BUSY_SQLSTATES:
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if code in _BUSY_SQLSTATES:  # psycopg 3 (sqlstate) or psycopg2 (pgcode)
         return True
     return "database is locked" in str(exc.orig) or "database table is locked" in str(exc.orig)
 
@@ -162,7 +168,7 @@ async def _database_error(request: Request, exc: Exception) -> Response:
     if not database_busy(exc):  # a real fault: logged with its traceback, like any 500
         log.error("database error on %s %s", request.method, request.url.path, exc_info=exc)
         return await _server_error(request, exc)
-    reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+    reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
     log.warning("database busy on %s %s (%s): answered 503", request.method,
                 request.url.path, reason)  # fmt: skip
     return problem(
@@ -189,6 +195,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(PoolTimeoutError, _database_error)
     app.add_exception_handler(Exception, _server_error)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -51,6 +52,18 @@ def settled_rounds(
 def path_segment(value: str) -> str:
     """``value`` as one URL path segment: a '/' or '..' in an id cannot reach another route."""
     return quote(value, safe="")
+
+
+BUSY_RETRIES = 5
+"""Times an operator request answered 503 (database busy) is sent again."""
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """The 503's ``Retry-After`` in seconds, within 0.1..10 (1 s if absent or unreadable)."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 0.1), 10.0)
+    except ValueError:
+        return 1.0
 
 
 class AdminClient:
@@ -184,12 +197,21 @@ class AdminClient:
         return None if response.status_code == 204 else response.json()
 
     def _send(self, method: str, path: str, json: Any = None, params: Any = None) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, json=json, params=params)
-        except httpx.TransportError as exc:
-            raise CoordinatorUnreachable(
-                f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
-            ) from None
+        """Send one request; raise on a refusal, the coordinator's one-line reason kept.
+
+        A 503 (the coordinator's database was busy; nothing was written) is sent again
+        after its ``Retry-After``, up to :data:`BUSY_RETRIES` times.
+        """
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                response = self._http.request(method, path, json=json, params=params)
+            except httpx.TransportError as exc:
+                raise CoordinatorUnreachable(
+                    f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
+                ) from None
+            if response.status_code != 503 or attempt == BUSY_RETRIES:
+                break
+            time.sleep(_retry_after_s(response))
         if not response.is_success:
             try:
                 body = response.json()

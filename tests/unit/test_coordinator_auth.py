@@ -23,6 +23,7 @@ from coordinator import CoordinatorSettings, create_app, store, tokens
 from coordinator.db import ApiToken, EnrolmentToken, make_engine, make_sessionmaker
 from coordinator.errors import Unauthorized
 from coordinator.migrate import upgrade
+from coordinator.problems import database_busy
 from coordinator.ratelimit import SweptMemoryStorage
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
@@ -441,6 +442,24 @@ def test_a_database_fault_is_a_500_not_a_retry(
 
     monkeypatch.setattr(store, "list_jobs", broken)
     assert_problem(client.get(f"{API}/jobs", headers=ADMIN_H), 500, f"{API}/jobs", "logged")
+
+
+def test_pool_timeouts_and_postgres_lock_codes_count_as_busy(
+    make_client: Callable[..., TestClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = make_client()
+
+    def exhausted(*args: Any, **kwargs: Any) -> Any:
+        raise sa.exc.TimeoutError("QueuePool limit of size 10 overflow 30 reached")
+
+    monkeypatch.setattr(store, "list_jobs", exhausted)
+    assert_problem(client.get(f"{API}/jobs", headers=ADMIN_H), 503, f"{API}/jobs", "QueuePool")
+
+    class Psycopg2Error(Exception):
+        pgcode = "40P01"  # deadlock detected (psycopg2 names it pgcode, psycopg 3 sqlstate)
+
+    assert database_busy(sa.exc.OperationalError("UPDATE", {}, Psycopg2Error("deadlock")))
+    assert not database_busy(sa.exc.OperationalError("UPDATE", {}, Exception("disk full")))
 
 
 def test_rate_limits_are_per_identity_with_retry_after(

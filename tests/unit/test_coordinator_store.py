@@ -16,6 +16,7 @@ from postgres import PG_URL, postgres_or_skip
 from coordinator import CoordinatorSettings, create_app, store
 from coordinator.db import Base, Job, make_engine, make_sessionmaker
 from coordinator.migrate import downgrade, upgrade
+from coordinator.planning import weights
 from coordinator.reports import sketch_distance
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
@@ -103,7 +104,14 @@ def test_a_0002_store_upgrades_to_churn_keeping_its_participations(tmp_path: Pat
     assert diff == [] and [tuple(r) for r in rows] == [(1, None)]
 
 
-REPORT = '{"round": 1, "accuracy": 0.5, "bytes_sent": 10, "sketch": [0.5, -1.0]}'
+REPORT = (  # a NUL escape, which PostgreSQL's json keeps and its jsonb refuses
+    '{"round": 1, "accuracy": 0.5, "bytes_sent": 10, "missing": ["pi\\u0000"],'
+    ' "sketch": [0.5, -1.0]}'
+)
+TOPOLOGY = {  # as stored since W is derived: a 4-ring, no "W"
+    "kind": "ring", "params": {"mixing": "max-degree"}, "devices": ["a", "b", "c", "d"],
+    "edges": [[0, 1], [1, 2], [2, 3], [0, 3]], "version": 1,
+}  # fmt: skip
 
 
 def _store_at_0007(url: str) -> sa.Engine:
@@ -131,12 +139,20 @@ def _report(engine: sa.Engine, columns: str) -> list[object]:
 
 
 def check_sketches_move_out_and_back(engine: sa.Engine) -> None:
-    """0008 moves the sketch into its column, the rest stays; a downgrade moves it back."""
+    """0008 moves the sketch into its column, the rest stays; a downgrade moves it back.
+
+    The downgrade also stores each job's dense W again, which releases before 0008 read.
+    """
     upgrade(engine)
     assert schema_diff(engine) == []
     metrics, sketch = (_loads(v) for v in _report(engine, "metrics, sketch"))
     assert sketch == [0.5, -1.0]
-    assert metrics == {"round": 1, "accuracy": 0.5, "bytes_sent": 10}
+    assert metrics == {"round": 1, "accuracy": 0.5, "bytes_sent": 10, "missing": ["pi\x00"]}
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE jobs SET topology = :t WHERE id = 'job-1'"),
+            {"t": json.dumps(TOPOLOGY)},
+        )
     with make_sessionmaker(engine)() as session:
         job = session.get(Job, "job-1")
         assert job is not None
@@ -148,6 +164,10 @@ def check_sketches_move_out_and_back(engine: sa.Engine) -> None:
         assert loaded.sketch == [0.5, -1.0]
     downgrade(engine, "0007")
     assert _loads(_report(engine, "metrics")[0]) == _loads(REPORT)
+    with engine.connect() as conn:
+        stored = _loads(conn.execute(sa.text("SELECT topology FROM jobs")).scalar_one())
+    assert stored == {**TOPOLOGY, "W": weights(TOPOLOGY).tolist()}  # type: ignore[dict-item]
+    assert stored["W"][0] == pytest.approx([1 / 3, 1 / 3, 0.0, 1 / 3])  # type: ignore[index]
 
 
 def _loads(value: object) -> object:
