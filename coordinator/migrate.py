@@ -24,7 +24,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database behind ``engine`` to ``revision`` (default: the latest).
 
     Idempotent: an up-to-date database is left unchanged. Works for SQLite and
-    PostgreSQL alike; a migration that moves data in SQL (0008) has a statement for each.
+    PostgreSQL alike; a migration that moves data (0008) does it through SQLAlchemy in
+    Python, not in either dialect's SQL.
     """
     config = alembic_config()
     with engine.begin() as connection:
@@ -36,7 +37,8 @@ def downgrade(engine: Engine, revision: str) -> None:
     """Migrate the database behind ``engine`` back to ``revision`` (e.g. ``"0007"``).
 
     For rolling back to an older release: data a newer schema keeps apart is put back
-    where the older one expects it (0008's sketches, into each report's ``metrics``).
+    where the older one expects it (0008: the sketches into each report's ``metrics``,
+    and each job's dense W into ``jobs.topology``).
     """
     config = alembic_config()
     with engine.begin() as connection:
