@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from postgres import PG_URL, postgres_or_skip
+from postgres import PG_URL, postgres_or_skip, scratch_schema
 
 from coordinator import CoordinatorSettings, create_app, store
 from coordinator.db import Base, Job, make_engine, make_sessionmaker
@@ -358,16 +358,9 @@ def test_more_concurrent_requests_than_pooled_connections_all_succeed(tmp_path: 
 
 
 def test_postgresql_moves_sketches_to_their_column_and_back() -> None:
-    postgres_or_skip()
-    schema = f"meshfl_test_{secrets.token_hex(4)}"
-    admin = make_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    engine = _store_at_0007(f"{PG_URL}?options=-csearch_path%3D{schema}")
-    try:
-        check_sketches_move_out_and_back(engine)
-    finally:
-        engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with scratch_schema() as url:
+        engine = _store_at_0007(url)
+        try:
+            check_sketches_move_out_and_back(engine)
+        finally:
+            engine.dispose()
