@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from broker.ports import free_port, port_in_use, wait_for_port
-from broker.tuning import MAX_PACKET_BYTES, MosquittoTuning, persistence_lines, tuning_lines
+from broker.tuning import MAX_PACKET_BYTES, MosquittoTuning, runtime_lines, tuning_lines
 from meshfl.errors import ConfigError, TransportError
 
 if TYPE_CHECKING:
@@ -102,37 +102,6 @@ def _check_values(**values: object) -> None:
                 f"the broker's {name.replace('_', ' ')} {text!r} holds a control character"
                 " (a newline would add a line to the configuration); give a plain value"
             )
-
-
-def runtime_lines(
-    persistence_dir: Path | None,
-    log_file: Path | None,
-    run_as_user: str | None,
-    *,
-    information: bool = False,
-    tuning: MosquittoTuning | None = None,
-) -> list[str]:
-    """Return the config lines every meshfl Mosquitto shares: user, persistence, logging.
-
-    ``information`` also logs Mosquitto's information messages (each login and reload;
-    the fleet broker keeps them as an audit trail). ``tuning`` gives the autosave
-    interval (None: :class:`~broker.tuning.MosquittoTuning`'s default).
-    """
-    lines = [f"user {run_as_user}"] if run_as_user else []
-    if persistence_dir is not None:
-        lines += persistence_lines(str(persistence_dir), tuning or MosquittoTuning())
-    else:
-        lines.append("persistence false")
-    lines += [
-        f"log_dest file {log_file}" if log_file is not None else "log_dest stderr",
-        "log_type error",
-        "log_type warning",
-        "log_type notice",
-        *(["log_type information"] if information else []),
-        "connection_messages true",
-        "log_timestamp true",
-    ]
-    return lines
 
 
 def find_mosquitto() -> str:

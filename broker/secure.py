@@ -28,10 +28,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.mosquitto import runtime_lines
 from broker.passwords import validate_username
 from broker.tls import DEFAULT_HOSTS, TlsFiles, write_tls_dir
-from broker.tuning import MosquittoTuning, tuning_lines
+from broker.tuning import MosquittoTuning, runtime_lines, tuning_lines
 from meshfl.errors import ConfigError
 from meshfl.files import atomic_write
 from meshfl.wire.topics import TOPIC_ROOT, validate_id

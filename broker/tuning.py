@@ -19,10 +19,17 @@ configurations (:func:`broker.mosquitto.mosquitto_config` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshfl.errors import ConfigError
 
-__all__ = ["MAX_PACKET_BYTES", "MosquittoTuning", "persistence_lines", "tuning_lines"]
+__all__ = [
+    "MAX_PACKET_BYTES",
+    "MosquittoTuning",
+    "persistence_lines",
+    "runtime_lines",
+    "tuning_lines",
+]
 
 MAX_PACKET_BYTES = 4 * 1024 * 1024
 """Largest MQTT packet accepted by default: a 1 MiB un-chunked payload (keyframes in tests) fits."""
@@ -125,3 +132,34 @@ def persistence_lines(persistence_dir: str, tuning: MosquittoTuning) -> list[str
         f"autosave_interval {tuning.autosave_interval_s}",
         "autosave_on_changes false",
     ]
+
+
+def runtime_lines(
+    persistence_dir: Path | None,
+    log_file: Path | None,
+    run_as_user: str | None,
+    *,
+    information: bool = False,
+    tuning: MosquittoTuning | None = None,
+) -> list[str]:
+    """Return the config lines every meshfl Mosquitto shares: user, persistence, logging.
+
+    ``information`` also logs Mosquitto's information messages (each login and reload;
+    the fleet broker keeps them as an audit trail). ``tuning`` gives the autosave
+    interval (None: :class:`~broker.tuning.MosquittoTuning`'s default).
+    """
+    lines = [f"user {run_as_user}"] if run_as_user else []
+    if persistence_dir is not None:
+        lines += persistence_lines(str(persistence_dir), tuning or MosquittoTuning())
+    else:
+        lines.append("persistence false")
+    lines += [
+        f"log_dest file {log_file}" if log_file is not None else "log_dest stderr",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+        *(["log_type information"] if information else []),
+        "connection_messages true",
+        "log_timestamp true",
+    ]
+    return lines
