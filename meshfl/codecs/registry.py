@@ -2,67 +2,19 @@
 
 Building :data:`CODECS` refuses a duplicate tag or name and a tag outside u8, as
 hivemind's ``compression/serialization.py`` does, so two codecs can never claim one tag.
+The plain codecs are listed in :mod:`meshfl.codecs.plain`; the zstd layer, which wraps
+them, is added here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from types import MappingProxyType
+from collections.abc import Mapping
 
 from meshfl.codecs.base import Codec
-from meshfl.codecs.bf16 import BFloat16
-from meshfl.codecs.fp16 import Float16
-from meshfl.codecs.identity import Identity
-from meshfl.codecs.int8 import Int8
-from meshfl.codecs.powersgd import PowerSGD
-from meshfl.codecs.qsgd import QSGD
-from meshfl.codecs.randk import RandK
-from meshfl.codecs.sign import Sign
-from meshfl.codecs.topk import TopK
+from meshfl.codecs.plain import PLAIN_CODECS, build_registry
 from meshfl.codecs.zstd import Zstd
-from meshfl.errors import CodecError
 
 __all__ = ["CODECS", "build_registry"]
 
-
-def build_registry(classes: Iterable[type[Codec]]) -> Mapping[int, type[Codec]]:
-    """Map wire tag to codec class, refusing duplicate tags or names and tags outside u8.
-
-    Parameters
-    ----------
-    classes : iterable of Codec subclasses
-        Each with class variables ``tag`` and ``name``.
-
-    Returns
-    -------
-    Mapping of int to type[Codec]
-        Read-only, in the order given.
-
-    Raises
-    ------
-    CodecError
-        If two codecs share a tag or a name, or a tag is not in ``[0, 255]``.
-
-    """
-    by_tag: dict[int, type[Codec]] = {}
-    names: dict[str, type[Codec]] = {}
-    for cls in classes:
-        if not 0 <= cls.tag <= 255:
-            raise CodecError(f"codec {cls.__name__} has tag {cls.tag}, outside u8")
-        if cls.tag in by_tag:
-            raise CodecError(
-                f"duplicate codec tag {cls.tag}: {by_tag[cls.tag].__name__} and {cls.__name__}"
-            )
-        if cls.name in names:
-            raise CodecError(
-                f"duplicate codec name {cls.name!r}: {names[cls.name].__name__} and {cls.__name__}"
-            )
-        by_tag[int(cls.tag)] = cls
-        names[cls.name] = cls
-    return MappingProxyType(by_tag)
-
-
-CODECS: Mapping[int, type[Codec]] = build_registry(
-    (Identity, TopK, Float16, BFloat16, Int8, QSGD, RandK, Sign, PowerSGD, Zstd)
-)
+CODECS: Mapping[int, type[Codec]] = build_registry((*PLAIN_CODECS.values(), Zstd))
 """Wire tag → codec class, read-only."""

@@ -2,7 +2,7 @@
 
 ``Zstd(inner, level)`` compresses the inner codec's payload with Zstandard (Collet &
 Kucherawy, RFC 8878) and prefixes the inner wire tag, so the receiver dispatches the
-inner decode through :data:`meshfl.codecs.CODECS` without knowing the inner codec in
+inner decode through :data:`meshfl.codecs.plain.PLAIN_CODECS` without knowing the inner codec in
 advance. Lossless: ``decode(encode(x)) == inner.decode(inner.encode(x))``. Worth it on
 payloads with redundancy (top-k index gaps, int8 codes, sparse or quantized values);
 close to useless on raw float32 mantissas.
@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from meshfl.codecs.base import Codec, CodecTag, check_payload, check_shape
+from meshfl.codecs.plain import PLAIN_CODECS
 from meshfl.errors import CodecError, CodecSpecError
 
 __all__ = ["DEFAULT_LEVEL", "Zstd"]
@@ -110,14 +111,12 @@ class Zstd(Codec):
             error of the inner decode.
 
         """
-        from meshfl.codecs.registry import CODECS  # the registry imports this module
-
         numel = check_shape(shape)
         buf = check_payload(payload)
         if not buf:
             raise CodecError("zstd payload is empty")
-        inner = CODECS.get(buf[0])
-        if inner is None or inner is cls:
+        inner = PLAIN_CODECS.get(buf[0])
+        if inner is None:
             raise CodecError(f"zstd payload wraps an invalid inner tag {buf[0]}")
         frame = buf[1:]
         zstandard = _zstandard()
