@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.checkpoint import CheckpointStore
+from edge_agent.config import AgentConfig
 from edge_agent.engine import status_payload
 from edge_agent.health import HealthWriter
 from edge_agent.job import JobRunner
@@ -48,48 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["AgentConfig", "run_agent"]
 
 log = logging.getLogger("meshfl.agent")
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """What ``meshfl agent run`` was asked to do.
-
-    ``broker`` overrides the broker URL the coordinator advertises; ``test_data``
-    overrides the job's test file; ``out`` is where final models are written;
-    ``once`` exits after one job; ``poll_s`` is the assignment polling period (seconds);
-    ``start_retry_s`` / ``run_retry_s`` how long (seconds) an unreachable coordinator is
-    retried before enrolment / after it; ``profile_refresh_s`` how often (seconds, at
-    least 60; 0 disables) a running job re-measures the link and battery between rounds
-    and PUTs the profile again. The enrolment profile carries the battery figures; the
-    link figures need the broker and are measured at each job's start. ``slowdown``
-    (≥ 1, default 1: none) makes the job's trainer play a device that many times slower
-    (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks).
-    ``broker_ca`` is the PEM file of the CA of an ``mqtts://`` broker's certificate; None
-    uses the one given at enrolment (saved as ``<out>/<name>.broker-ca.pem``), else the
-    system's CA store. ``keepalive_s`` is the MQTT keepalive (seconds, default 30): the
-    broker publishes the agent's Last Will after 1.5× this without a packet.
-    ``offline_grace_s`` (seconds, ≥ 1, default 1) is how long a round keeps waiting for a
-    neighbour whose Last Will came (:class:`edge_agent.engine.GossipEngine`'s).
-    """
-
-    coordinator: str
-    token: str
-    data: Path
-    name: str
-    broker: str | None = None
-    test_data: Path | None = None
-    out: Path = Path("meshfl-agent")
-    label_column: str = "label"
-    once: bool = False
-    poll_s: float = 0.5
-    start_retry_s: float = 10.0
-    run_retry_s: float = 120.0
-    threads: int = 1
-    profile_refresh_s: float = 300.0
-    slowdown: float = 1.0
-    broker_ca: Path | None = None
-    keepalive_s: int = 30
-    offline_grace_s: float = 1.0
 
 
 def run_agent(

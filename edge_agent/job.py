@@ -42,7 +42,7 @@ from meshfl.errors import (
 from meshfl.modelspec import check_hash
 
 if TYPE_CHECKING:
-    from edge_agent.daemon import AgentConfig
+    from edge_agent.config import AgentConfig
     from edge_agent.secagg.crypto import IdentityKey
     from edge_agent.trainer import Trainer
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from edge_agent.config import DEFAULT_OUT
 from meshfl.cli.agent_fleet import fleet
 from meshfl.cli.agent_options import (
     CoordinatorOption,
@@ -45,9 +46,7 @@ def run(
         Path | None, typer.Option(help="Test data to evaluate on (overrides the job's).")
     ] = None,
     label_column: Annotated[str, typer.Option(help="Label column of CSV files.")] = "label",
-    out: Annotated[Path, typer.Option(help="Where final models are written.")] = Path(
-        "meshfl-agent"
-    ),
+    out: Annotated[Path, typer.Option(help="Where final models are written.")] = DEFAULT_OUT,
     once: Annotated[bool, typer.Option(help="Exit after one job.")] = False,
     threads: Annotated[int, typer.Option(help="Torch threads for training.")] = 1,
     slowdown: Annotated[
@@ -126,7 +125,7 @@ def run(
 
 @agent_app.command("health")
 def health(
-    out: Annotated[Path, typer.Option(help="The agent's --out directory.")] = Path("meshfl-agent"),
+    out: Annotated[Path, typer.Option(help="The agent's --out directory.")] = DEFAULT_OUT,
     name: Annotated[
         str | None, typer.Option(help="The agent's --name (default: host name).")
     ] = None,

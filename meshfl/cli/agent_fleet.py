@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from edge_agent.config import DEFAULT_OUT
 from meshfl.cli.agent_options import (
     CoordinatorOption,
     KeepaliveOption,
@@ -43,7 +44,7 @@ def fleet(
     label_column: Annotated[str, typer.Option(help="Label column of CSV files.")] = "label",
     out: Annotated[
         Path, typer.Option(help="Where the agents write (every file is named after its agent).")
-    ] = Path("meshfl-agent"),
+    ] = DEFAULT_OUT,
     once: Annotated[bool, typer.Option(help="Each agent exits after one job.")] = False,
     threads: Annotated[
         int, typer.Option(min=1, help="Torch threads of the process (shared by its agents).")

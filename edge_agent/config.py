@@ -1,0 +1,58 @@
+"""What ``meshfl agent run`` was asked to do, and where an agent writes by default.
+
+Its own module so that the daemon (which runs jobs) and the job runner (which reads the
+config) both depend on it instead of on each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEFAULT_OUT", "AgentConfig"]
+
+DEFAULT_OUT = Path("meshfl-agent")
+"""Where an agent writes by default (``--out``): identity key, enrolment, final models.
+Ignored by git: it holds the device's private key."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What ``meshfl agent run`` was asked to do.
+
+    ``broker`` overrides the broker URL the coordinator advertises; ``test_data``
+    overrides the job's test file; ``out`` is where final models are written;
+    ``once`` exits after one job; ``poll_s`` is the assignment polling period (seconds);
+    ``start_retry_s`` / ``run_retry_s`` how long (seconds) an unreachable coordinator is
+    retried before enrolment / after it; ``profile_refresh_s`` how often (seconds, at
+    least 60; 0 disables) a running job re-measures the link and battery between rounds
+    and PUTs the profile again. The enrolment profile carries the battery figures; the
+    link figures need the broker and are measured at each job's start. ``slowdown``
+    (≥ 1, default 1: none) makes the job's trainer play a device that many times slower
+    (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks).
+    ``broker_ca`` is the PEM file of the CA of an ``mqtts://`` broker's certificate; None
+    uses the one given at enrolment (saved as ``<out>/<name>.broker-ca.pem``), else the
+    system's CA store. ``keepalive_s`` is the MQTT keepalive (seconds, default 30): the
+    broker publishes the agent's Last Will after 1.5× this without a packet.
+    ``offline_grace_s`` (seconds, ≥ 1, default 1) is how long a round keeps waiting for a
+    neighbour whose Last Will came (:class:`edge_agent.engine.GossipEngine`'s).
+    """
+
+    coordinator: str
+    token: str
+    data: Path
+    name: str
+    broker: str | None = None
+    test_data: Path | None = None
+    out: Path = DEFAULT_OUT
+    label_column: str = "label"
+    once: bool = False
+    poll_s: float = 0.5
+    start_retry_s: float = 10.0
+    run_retry_s: float = 120.0
+    threads: int = 1
+    profile_refresh_s: float = 300.0
+    slowdown: float = 1.0
+    broker_ca: Path | None = None
+    keepalive_s: int = 30
+    offline_grace_s: float = 1.0
