@@ -63,7 +63,7 @@ from meshfl.contract import (
 )
 from meshfl.errors import MeshflError
 from meshfl.local.admin import AdminClient
-from meshfl.local.run import DEFAULTS
+from meshfl.local.config import DEFAULTS
 from meshfl.local.validation import topology_fields as local_topology_fields
 
 job_app = typer.Typer(

@@ -56,7 +56,7 @@ from meshfl.cli.options import (
     privacy_defaults,
 )
 from meshfl.contract import RoundSummary
-from meshfl.local.run import DEFAULTS
+from meshfl.local.config import DEFAULTS
 
 if TYPE_CHECKING:
     from meshfl.local.run import LocalRun

@@ -165,7 +165,7 @@ def privacy_defaults(
     nothing changed.
     """
     from meshfl.codecs import parse_codec
-    from meshfl.local.run import DEFAULTS
+    from meshfl.local.config import DEFAULTS
 
     changed = []
     if secure and parse_codec(codec).spec == parse_codec(DEFAULTS.codec).spec:

@@ -20,7 +20,7 @@ from meshfl.errors import ConfigError, MeshflError
 
 if TYPE_CHECKING:
     from broker.bridge import BridgedBrokers
-    from meshfl.local.run import LocalConfig
+    from meshfl.local.config import LocalConfig
 
 __all__ = [
     "brokers_line",

@@ -50,8 +50,8 @@ from meshfl.local.process_faults import (
 )
 
 if TYPE_CHECKING:
+    from meshfl.local.config import LocalConfig
     from meshfl.local.monitor import RoundHook
-    from meshfl.local.run import LocalConfig
     from meshfl.local.shaping import ShapingProxy
 
 __all__ = ["ChaosFleet", "ChaosSpec", "Partition", "chaos_line", "parse_chaos", "validate_chaos"]

@@ -26,8 +26,8 @@ from meshfl.errors import ConfigError
 from meshfl.local.shaping import ShapingProxy, parse_link
 
 if TYPE_CHECKING:
+    from meshfl.local.config import LocalConfig
     from meshfl.local.processes import Supervisor
-    from meshfl.local.run import LocalConfig
 
 __all__ = [
     "Churn",

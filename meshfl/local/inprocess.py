@@ -17,7 +17,7 @@ from meshfl.errors import ConfigError
 from meshfl.local.processes import Child, Supervisor
 
 if TYPE_CHECKING:
-    from meshfl.local.run import LocalConfig
+    from meshfl.local.config import LocalConfig
 
 __all__ = [
     "MAX_IN_PROCESS_AGENTS",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from meshfl.errors import ConfigError
-from meshfl.local.run import LocalConfig
+from meshfl.local.config import LocalConfig
 
 if TYPE_CHECKING:
     from meshfl.contract import ModelSpec

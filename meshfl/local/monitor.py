@@ -14,8 +14,8 @@ from meshfl.local.fleet import Churn
 from meshfl.local.processes import Child, Supervisor
 
 if TYPE_CHECKING:
+    from meshfl.local.config import LocalConfig
     from meshfl.local.process_faults import ProcessFaults
-    from meshfl.local.run import LocalConfig
 
 __all__ = ["Hooks", "RoundHook", "agents", "check_servers", "monitor"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from meshfl.contract import DeviceRoundReport, JobLedger, JobPublic, RoundSummary
 
 if TYPE_CHECKING:
-    from meshfl.local.run import LocalConfig
+    from meshfl.local.config import LocalConfig
     from meshfl.local.shaping import ShapingProxy
 
 __all__ = [

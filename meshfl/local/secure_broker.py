@@ -32,7 +32,7 @@ from meshfl.errors import ConfigError, MeshflError
 if TYPE_CHECKING:
     from broker.mosquitto import MosquittoProcess
     from meshfl.local.admin import AdminClient
-    from meshfl.local.run import LocalConfig
+    from meshfl.local.config import LocalConfig
 
 __all__ = [
     "FLEET",

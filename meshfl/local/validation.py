@@ -14,7 +14,7 @@ from meshfl.local.fleet import validate_fleet
 from meshfl.local.inprocess import MAX_IN_PROCESS_AGENTS
 
 if TYPE_CHECKING:
-    from meshfl.local.run import LocalConfig
+    from meshfl.local.config import LocalConfig
     from meshfl.topology import Graph
 
 __all__ = ["MAX_AGENTS", "is_graph_file", "topology_fields", "validate"]
@@ -191,7 +191,7 @@ def _validate_rounds(config: LocalConfig) -> None:
 
 def _validate_privacy(config: LocalConfig) -> PrivacyOptions:
     """Refuse privacy options that cannot work, with the same reasons as the REST API."""
-    from meshfl.local.run import PRIVACY_FIELDS
+    from meshfl.local.config import PRIVACY_FIELDS
 
     fields: dict[str, Any] = {key: getattr(config, key) for key in PRIVACY_FIELDS}
     fields.update(
