@@ -85,13 +85,13 @@ def run(
     import sys
 
     from edge_agent.daemon import AgentConfig, run_agent
-    from meshfl.cli import setup_logging
+    from meshfl.cli.logs import configure_logging
     from meshfl.errors import ConfigError
 
     if not (math.isfinite(slowdown) and slowdown >= 1):  # before enrolling, not at the job
         raise ConfigError(f"--slowdown must be a finite number >= 1 (got {slowdown})")
     device_name = name or socket.gethostname().split(".")[0]
-    setup_logging(verbose, prefix=device_name, log_format=log_format.value)
+    configure_logging(verbose, prefix=device_name, log_format=log_format.value)
     telemetry = None
     if metrics_port is not None:
         from edge_agent.telemetry import AgentTelemetry
@@ -188,10 +188,10 @@ def serve(
     import sys
 
     from edge_agent.serve import ServeConfig, run_serve
-    from meshfl.cli import setup_logging
+    from meshfl.cli.logs import configure_logging
 
     device_name = name or socket.gethostname().split(".")[0]
-    setup_logging(verbose, prefix=f"{device_name} serve")
+    configure_logging(verbose, prefix=f"{device_name} serve")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_serve(
         ServeConfig(

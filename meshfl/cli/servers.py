@@ -97,9 +97,9 @@ def coordinator_serve(
 
     json_logs = log_format is LogFormat.JSON
     if json_logs:  # one JSON object per line, uvicorn's too; text keeps uvicorn's own
-        from meshfl.cli import setup_logging
+        from meshfl.cli.logs import configure_logging
 
-        setup_logging(log_format="json")
+        configure_logging(log_format="json")
     serve = partial(serve_app, uvicorn_logging=not json_logs)
 
     with socket.socket() as probe:
