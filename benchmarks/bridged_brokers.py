@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 
 from broker.bridge import BridgedBrokers
-from meshfl.local.bridged import SYS_INTERVAL_S, sys_bytes
+from edge_agent.transport.mqtt_utils import sys_bytes
+from meshfl.local.bridged import SYS_INTERVAL_S
 from meshfl.local.lockstep import run_lockstep
 from meshfl.local.run import DEFAULTS, LocalConfig, run_local
 

@@ -250,17 +250,18 @@ def _control_transport(
 def _subscriber(transport: MqttTransport) -> Subscribe:
     """``subscribe(topic_filter, on_message)`` over the coordinator's MQTT connection.
 
-    Each message goes to the ``on_message`` of every filter it matches (paho's
-    ``topic_matches_sub``); subscriptions are QoS 1 and restored after a reconnect
-    (:meth:`MqttTransport.subscribe`). A refused subscription raises a meshfl error.
+    Each message goes to the ``on_message`` of every filter it matches
+    (:func:`edge_agent.transport.mqtt_utils.topic_matches`); subscriptions are QoS 1 and
+    restored after a reconnect (:meth:`MqttTransport.subscribe`). A refused subscription
+    raises a meshfl error.
     """
-    from paho.mqtt.client import topic_matches_sub
+    from edge_agent.transport.mqtt_utils import topic_matches
 
     handlers: list[tuple[str, Callable[[str, bytes], None]]] = []
 
     def dispatch(topic: str, payload: bytes) -> None:
         for topic_filter, on_message in list(handlers):
-            if topic_matches_sub(topic_filter, topic):
+            if topic_matches(topic_filter, topic):
                 on_message(topic, payload)
 
     def subscribe(topic_filter: str, on_message: Callable[[str, bytes], None]) -> None:

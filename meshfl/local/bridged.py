@@ -27,7 +27,6 @@ __all__ = [
     "brokers_section",
     "check_bridged_options",
     "start_bridged",
-    "sys_bytes",
 ]
 
 SYS_INTERVAL_S = 1
@@ -91,50 +90,14 @@ def start_bridged(out: Path, count: int) -> BridgedBrokers:
     return brokers
 
 
-def sys_bytes(url: str, timeout_s: float = 3.0) -> dict[str, int] | None:
-    """Return a Mosquitto's ``$SYS/broker/bytes/received`` and ``.../sent`` (bytes), fresh.
-
-    Waits for the next periodic update (not the retained, possibly stale, one), so it
-    takes up to the broker's ``sys_interval``; the reading client's own few hundred bytes
-    are included. ``None`` when the broker does not answer within ``timeout_s`` seconds
-    (``$SYS`` off, or the broker is down).
-    """
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    from edge_agent.transport.mqtt import parse_broker_url
-
-    host, port = parse_broker_url(url)
-    fresh: dict[str, int] = {}
-    done = threading.Event()
-
-    def on_message(_c: object, _u: object, message: mqtt.MQTTMessage) -> None:
-        if not message.retain:  # a live update, not the value retained since the last one
-            fresh[message.topic.rsplit("/", 1)[1]] = int(message.payload)
-            if len(fresh) == 2:
-                done.set()
-
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
-    client.on_message = on_message
-    try:
-        client.connect(host, port)
-    except OSError:
-        return None
-    client.subscribe("$SYS/broker/bytes/+")
-    client.loop_start()
-    try:
-        return dict(fresh) if done.wait(timeout_s) else None
-    finally:
-        client.disconnect()
-        client.loop_stop()
-
-
 def brokers_section(brokers: BridgedBrokers, agents: int) -> dict[str, Any]:
     """The report's ``brokers`` section: layout, URLs, each agent's broker, bytes per broker.
 
     ``bytes`` lists ``{"url", "received", "sent"}`` per broker, hub first (``None`` values
     when one could not be read); the brokers are read in parallel, in about a second.
     """
+    from edge_agent.transport.mqtt_utils import sys_bytes
+
     urls = brokers.urls
     readings: dict[str, dict[str, int] | None] = {}
     threads = [

@@ -181,3 +181,17 @@ def test_no_private_key_is_tracked() -> None:
         check=True,
     ).stdout.split()
     assert not tracked, f"agent output is committed; git rm it: {tracked}"
+
+
+def test_only_the_mqtt_transport_imports_paho() -> None:
+    # lint-imports checks this too; this names the offending line in a plain test run.
+    offenders = []
+    for path in _source_files():
+        name = _module_name(path)
+        if name.startswith("edge_agent.transport."):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for base, _names in _imports(tree, name, path.name == "__init__.py"):
+            if base == "paho" or base.startswith("paho."):
+                offenders.append(f"{path.relative_to(ROOT)} imports {base}")
+    assert not offenders, "paho outside edge_agent/transport: " + "; ".join(offenders)
