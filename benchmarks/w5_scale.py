@@ -75,12 +75,13 @@ class SysRecorder:
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
 
-        from edge_agent.transport.mqtt import parse_broker_url
+        from edge_agent.transport.address import parse_broker_address
 
         self.snapshots: list[tuple[float, dict[str, int]]] = []
         self._latest: dict[str, int] = {}
         self._lock = threading.Lock()
-        host, port = parse_broker_url(url)
+        address = parse_broker_address(url)
+        host, port = address.host, address.port
         self._client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
         self._client.on_message = self._on_message
         self._client.connect(host, port)

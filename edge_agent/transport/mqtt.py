@@ -64,23 +64,13 @@ from edge_agent.transport.refusals import (
 )
 from meshfl.errors import BrokerUnreachable, ConfigError, MeshflError, TransportError
 
-__all__ = ["MqttTransport", "parse_broker_url"]
+__all__ = ["MqttTransport"]
 
 _MAX_INFLIGHT = 20  # QoS 1 messages awaiting PUBACK; more are queued in paho, unbounded
 _Callback = TypeVar("_Callback", bound=Callable[..., Any])
 
 LOGIN_RETRY_S = 1.0
 """Seconds before the one retry of a refused first login (see :meth:`MqttTransport.connect`)."""
-
-
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """Split ``mqtt[s]://host[:port]`` or ``host:port`` into (host, port).
-
-    The port defaults to 1883 (``mqtt``) or 8883 (``mqtts``). Raises
-    :class:`meshfl.errors.ConfigError` for anything else.
-    """
-    address = parse_broker_address(url)
-    return address.host, address.port
 
 
 def _no_delay(client: paho.Client) -> None:

@@ -271,9 +271,10 @@ class ChaosFleet:
 
         No proxy when the SPEC gives no packet fault and no partition (``spec.network``).
         """
-        from edge_agent.transport.mqtt import parse_broker_url
+        from edge_agent.transport.address import parse_broker_address
 
-        broker = parse_broker_url(broker_url)
+        address = parse_broker_address(broker_url)
+        broker = (address.host, address.port)
         spec = parse_chaos(config.chaos)
         seed = config.seed if spec.seed is None else spec.seed
         names = [f"device-{i}" for i in range(config.agents)] + joiner_names(config)

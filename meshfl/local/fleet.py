@@ -143,9 +143,10 @@ def start_links(config: LocalConfig, broker_url: str) -> dict[str, ShapingProxy]
 
     The caller passes ``mqtt://127.0.0.1:{port}`` to that agent and stops the proxies.
     """
-    from edge_agent.transport.mqtt import parse_broker_url
+    from edge_agent.transport.address import parse_broker_address
 
-    host, port = parse_broker_url(broker_url)
+    broker = parse_broker_address(broker_url)
+    host, port = broker.host, broker.port
     proxies: dict[str, ShapingProxy] = {}
     try:
         for name, spec in config.links:

@@ -69,9 +69,9 @@ def validate(config: LocalConfig) -> None:
     if config.join_at and config.agents + len(config.join_at) > MAX_AGENTS:
         raise ConfigError(f"--agents plus --join-at agents must be at most {MAX_AGENTS}")
     if config.broker is not None:
-        from edge_agent.transport.mqtt import parse_broker_url
+        from edge_agent.transport.address import parse_broker_address
 
-        parse_broker_url(config.broker)
+        parse_broker_address(config.broker)
     if config.dense_below < 0 or config.byte_budget < 0:
         raise ConfigError("--dense-below and --byte-budget must be >= 0")
     if config.byte_budget and parse_codec(config.codec).name not in ("topk", "randk"):

@@ -19,7 +19,7 @@ from paho.mqtt.properties import Properties
 
 from broker.bridge import BridgedBrokers
 from broker.tuning import MosquittoTuning
-from edge_agent.transport.mqtt import parse_broker_url
+from edge_agent.transport.address import parse_broker_address
 from meshfl.wire import control_topic, delta_topic, inbox_topic, probe_topic, status_topic
 
 pytestmark = pytest.mark.mqtt
@@ -50,7 +50,8 @@ class Client:
         self.paho.on_message = self._on_message
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = 3600 if persistent else 0
-        host, port = parse_broker_url(url)
+        address = parse_broker_address(url)
+        host, port = address.host, address.port
         self.paho.connect(host, port, keepalive=30, clean_start=not persistent, properties=props)
         self.paho.loop_start()
 

@@ -17,7 +17,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_agent.transport.mqtt import parse_broker_url
+from edge_agent.transport.address import parse_broker_address
 from meshfl.local.chaos_proxy import ChaosProxy, Faults
 from meshfl.wire import delta_topic
 
@@ -47,7 +47,8 @@ def _client(host: str, port: int, v5: bool, name: str) -> Iterator[paho.Client]:
 def test_every_message_not_dropped_arrives_and_drops_never_stall_the_broker(
     broker: str, request: pytest.FixtureRequest
 ) -> None:
-    host, port = parse_broker_url(request.getfixturevalue(f"{broker}_url"))
+    address = parse_broker_address(request.getfixturevalue(f"{broker}_url"))
+    host, port = address.host, address.port
     v5 = broker == "mosquitto"
     faults = Faults(drop=0.3, duplicate=0.2, reorder=0.1, corrupt=0.1)
     proxy = ChaosProxy(host, port, faults, seed="1:device-0")

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from broker.ports import free_port, wait_for_port
-from edge_agent.transport.mqtt import parse_broker_url
+from edge_agent.transport.address import parse_broker_address
 from meshfl.wire import status_topic
 
 pytestmark = pytest.mark.mqtt
@@ -95,7 +95,8 @@ def test_a_killed_agent_shows_offline_from_its_last_will(
     reply = httpx.post(f"{url}/api/v1/devices/enrol", json={"token": ENROL, "name": "pi-0"})
     assert reply.status_code == 200, reply.text
     device_id = reply.json()["device_id"]
-    host, port = parse_broker_url(broker_url)
+    address = parse_broker_address(broker_url)
+    host, port = address.host, address.port
     topic = status_topic("lab", device_id)
     device = subprocess.Popen(
         [sys.executable, "-c", _DEVICE, host, str(port), topic, device_id],

@@ -24,9 +24,10 @@ import pytest
 from broker.embedded import EmbeddedBroker
 from broker.mosquitto import MosquittoProcess
 from broker.ports import free_port
+from edge_agent.transport.address import parse_broker_address
 from edge_agent.transport.base import Message, Transport
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
-from edge_agent.transport.mqtt import MqttTransport, parse_broker_url
+from edge_agent.transport.mqtt import MqttTransport
 from meshfl.errors import BrokerUnreachable, ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -387,7 +388,8 @@ def test_embedded_broker_speaks_only_mqtt_311_and_is_detected_quickly() -> None:
     ],
 )
 def test_broker_urls_parse(url: str, expected: tuple[str, int]) -> None:
-    assert parse_broker_url(url) == expected
+    address = parse_broker_address(url)
+    assert (address.host, address.port) == expected
 
 
 @pytest.mark.parametrize(
