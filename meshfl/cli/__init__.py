@@ -82,10 +82,3 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-
-
-def setup_logging(verbose: bool = False, prefix: str = "", log_format: str = "text") -> None:
-    """Log to stderr, one plain line (or one JSON object) per record (:mod:`meshfl.cli.logs`)."""
-    from meshfl.cli.logs import configure_logging
-
-    configure_logging(verbose, prefix, log_format)
