@@ -1,9 +1,13 @@
-"""Loopback port helpers shared by the embedded broker, Mosquitto and the tests."""
+"""Loopback port helpers: the project's one place that probes TCP ports.
+
+Shared by the embedded broker, Mosquitto, ``meshfl local``'s supervisor and the tests.
+"""
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 
 __all__ = ["free_port", "port_accepts", "port_in_use", "wait_for_port"]
 
@@ -46,8 +50,13 @@ def port_in_use(host: str, port: int) -> bool:
         return False
 
 
-def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+def wait_for_port(
+    host: str, port: int, timeout_s: float, stop: Callable[[], bool] | None = None
+) -> bool:
     """Poll ``host:port`` every 20 ms until it accepts a connection or ``timeout_s`` seconds pass.
+
+    ``stop``, when given, is asked before each attempt; True gives up at once (the process
+    that was to listen has exited, say).
 
     Returns
     -------
@@ -57,6 +66,8 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if stop is not None and stop():
+            return False
         if port_accepts(host, port):
             return True
         time.sleep(0.02)

@@ -9,27 +9,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker import ports
+from broker.ports import free_port
 from meshfl.errors import MeshflError
 
 __all__ = ["Child", "Supervisor", "free_port", "wait_for_port"]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_for_port(host: str, port: int, timeout_s: float, alive: Child | None = None) -> None:
-    """Wait until ``host:port`` accepts TCP connections.
+    """Wait until ``host:port`` accepts TCP connections (:func:`broker.ports.wait_for_port`).
 
     Raises
     ------
@@ -37,15 +31,11 @@ def wait_for_port(host: str, port: int, timeout_s: float, alive: Child | None = 
         The port did not open within ``timeout_s`` seconds, or ``alive`` exited first.
 
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if alive is not None and alive.returncode is not None:
-            raise MeshflError(f"{alive.name} exited during start-up: {alive.last_line()}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
+    exited = None if alive is None else (lambda: alive.returncode is not None)
+    if ports.wait_for_port(host, port, timeout_s, stop=exited):
+        return
+    if alive is not None and alive.returncode is not None:
+        raise MeshflError(f"{alive.name} exited during start-up: {alive.last_line()}")
     raise MeshflError(f"nothing answered on {host}:{port} after {timeout_s:.0f} s")
 
 
