@@ -39,6 +39,7 @@ from meshfl import logcontext
 from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelSpec
 from meshfl.errors import ConfigError, CoordinatorError, MeshflError, SecurityError
 from meshfl.files import atomic_write
+from meshfl.modelspec.allow import check_allow_list
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
 
@@ -70,6 +71,10 @@ class AgentConfig:
     broker publishes the agent's Last Will after 1.5× this without a packet.
     ``offline_grace_s`` (seconds, ≥ 1, default 1) is how long a round keeps waiting for a
     neighbour whose Last Will came (:class:`edge_agent.engine.GossipEngine`'s).
+    ``allowed_models`` are the custom model factories (``package.module:callable``) the
+    device's owner allows jobs to run (``--allow-model``; the zoo is always allowed, the
+    standard library never: :mod:`meshfl.modelspec.allow`); ``data_dir`` is the folder a
+    job's test data must lie in (default: the folder holding ``data``).
     """
 
     coordinator: str
@@ -90,6 +95,13 @@ class AgentConfig:
     broker_ca: Path | None = None
     keepalive_s: int = 30
     offline_grace_s: float = 1.0
+    allowed_models: tuple[str, ...] = ()
+    data_dir: Path | None = None
+
+    @property
+    def data_root(self) -> Path:
+        """The device's data directory: ``data_dir``, else the folder holding ``data``."""
+        return Path(self.data_dir or Path(self.data).resolve().parent)
 
 
 def run_agent(
@@ -116,6 +128,7 @@ def run_agent(
 
     """
     validate_id(config.name, "device name")
+    check_allow_list(config.allowed_models)  # a bad or standard-library entry: refused now
     x, y = load_dataset_file(config.data, config.label_column)
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
     client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)

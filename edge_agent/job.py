@@ -39,7 +39,7 @@ from meshfl.errors import (
     DataError,
     MeshflError,
 )
-from meshfl.modelspec import check_hash
+from meshfl.modelspec import check_allowed, check_hash, confine_path
 
 if TYPE_CHECKING:
     from edge_agent.daemon import AgentConfig
@@ -136,6 +136,8 @@ class JobRunner:
         spec = self.spec
         self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
         self.signer, self.verifier = self._signing()
+        # Only the zoo and the owner's allowed factories; checked before anything is imported.
+        check_allowed(spec["model"], self.config.allowed_models)  # SecurityError: declined
         check_model_fit(x, y, spec["model"])
         x_test, y_test = self._test_data()
         check_model_fit(x_test, y_test, spec["model"])
@@ -675,9 +677,11 @@ class JobRunner:
     def _test_data(self) -> tuple[np.ndarray, np.ndarray]:
         from models.data import load_dataset_file
 
-        path = self.config.test_data or self.spec["test_data"]
-        if path is not None:
-            return load_dataset_file(Path(path), self.config.label_column)
+        if self.config.test_data is not None:  # the owner's own choice
+            return load_dataset_file(Path(self.config.test_data), self.config.label_column)
+        if self.spec["test_data"] is not None:  # the job's: only inside the data directory
+            path = confine_path(self.spec["test_data"], self.config.data_root)
+            return load_dataset_file(path, self.config.label_column)
         if self.config.data.suffix == ".npz":
             with np.load(self.config.data) as arrays:
                 if "x_test" in arrays and "y_test" in arrays:

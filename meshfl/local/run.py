@@ -269,6 +269,8 @@ def run_local(
                     "--out", str(out / "models"), "--once",
                     "--label-column", config.label_column, *broker, *slowdown,
                     "--log-format", config.log_format,
+                    # the factory the user passed meshfl local is the user's own code
+                    *(["--allow-model", config.model] if ":" in config.model else []),
                 ],
             )  # fmt: skip
 
