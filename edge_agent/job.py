@@ -135,6 +135,7 @@ class JobRunner:
 
         spec = self.spec
         self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
+        self.privacy.check_release(spec)  # a private job publishing models: declined
         self.signer, self.verifier = self._signing()
         # Only the zoo and the owner's allowed factories; checked before anything is imported.
         check_allowed(spec["model"], self.config.allowed_models)  # SecurityError: declined
@@ -389,7 +390,7 @@ class JobRunner:
         path = self.config.out / self.job_id / self.config.name / "model.pt"
         trainer.save(path)
         onnx_path, onnx_diff = _export_onnx(trainer, path.with_name("model.onnx"), x_test)
-        if spec.get("publish_model") and onnx_path is not None:
+        if spec.get("publish_model") and onnx_path is not None and not self.privacy.private:
             self._publish(Path(onnx_path))  # before done: a completed job has every model
         # Done first: a flush on a slow link can take seconds, and the coordinator takes
         # a participant silent that long after the others finished for a dead one.
@@ -670,7 +671,7 @@ class JobRunner:
 
     def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:
         dim = self.spec["sketch_dim"]
-        if dim <= 0:
+        if dim <= 0 or self.privacy.private:  # un-noised: never sent from a private job
             return []
         return [float(v) for v in consensus_sketch(params, dim, self.spec["seed"])]
 
