@@ -158,6 +158,7 @@ def validate_spec(spec: JobSpec) -> None:
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
             f"{spec['codec']!r}; use codec 'identity' (or 'fp32'), or algorithm 'choco'"
         )
+    PrivacyOptions.from_spec(spec).check_release(spec)  # no un-noised model from a private job
     if PrivacyOptions.from_spec(spec).secure and spec["rounds"] > MAX_SECURE_ROUNDS:
         raise ConfigError(
             f"spec.rounds = {spec['rounds']} is too many for secure aggregation (one masking"
@@ -334,6 +335,11 @@ def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
     _number("train_s", metrics["train_s"], 0.0, 1e7)
     _number("round_s", metrics["round_s"], 0.0, 1e7)
     sketch = metrics["sketch"]
+    if sketch and PrivacyOptions.from_spec(spec).private:
+        raise ConfigError(
+            "a round report of a private job (DP or secure aggregation) must carry no sketch:"
+            " it is an un-noised projection of the device's model; send an empty sketch"
+        )
     if sketch and len(sketch) != spec["sketch_dim"]:
         raise ConfigError(
             f"sketch has {len(sketch)} entries but the job's sketch_dim is {spec['sketch_dim']}"

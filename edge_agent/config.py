@@ -36,6 +36,10 @@ class AgentConfig:
     broker publishes the agent's Last Will after 1.5× this without a packet.
     ``offline_grace_s`` (seconds, ≥ 1, default 1) is how long a round keeps waiting for a
     neighbour whose Last Will came (:class:`edge_agent.engine.GossipEngine`'s).
+    ``allowed_models`` are the custom model factories (``package.module:callable``) the
+    device's owner allows jobs to run (``--allow-model``; the zoo is always allowed, the
+    standard library never: :mod:`meshfl.modelspec.allow`); ``data_dir`` is the folder a
+    job's test data must lie in (default: the folder holding ``data``).
     """
 
     coordinator: str
@@ -56,3 +60,10 @@ class AgentConfig:
     broker_ca: Path | None = None
     keepalive_s: int = 30
     offline_grace_s: float = 1.0
+    allowed_models: tuple[str, ...] = ()
+    data_dir: Path | None = None
+
+    @property
+    def data_root(self) -> Path:
+        """The device's data directory: ``data_dir``, else the folder holding ``data``."""
+        return Path(self.data_dir or Path(self.data).resolve().parent)

@@ -39,6 +39,7 @@ from meshfl import logcontext
 from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelSpec
 from meshfl.errors import ConfigError, CoordinatorError, MeshflError, SecurityError
 from meshfl.files import atomic_write
+from meshfl.modelspec.allow import check_allow_list
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
 
@@ -74,6 +75,7 @@ def run_agent(
 
     """
     validate_id(config.name, "device name")
+    check_allow_list(config.allowed_models)  # a bad or standard-library entry: refused now
     x, y = load_dataset_file(config.data, config.label_column)
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
     client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)

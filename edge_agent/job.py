@@ -39,7 +39,7 @@ from meshfl.errors import (
     DataError,
     MeshflError,
 )
-from meshfl.modelspec import check_hash
+from meshfl.modelspec import check_allowed, check_hash, confine_path
 
 if TYPE_CHECKING:
     from edge_agent.config import AgentConfig
@@ -135,7 +135,10 @@ class JobRunner:
 
         spec = self.spec
         self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
+        self.privacy.check_release(spec)  # a private job publishing models: declined
         self.signer, self.verifier = self._signing()
+        # Only the zoo and the owner's allowed factories; checked before anything is imported.
+        check_allowed(spec["model"], self.config.allowed_models)  # SecurityError: declined
         check_model_fit(x, y, spec["model"])
         x_test, y_test = self._test_data()
         check_model_fit(x_test, y_test, spec["model"])
@@ -387,7 +390,7 @@ class JobRunner:
         path = self.config.out / self.job_id / self.config.name / "model.pt"
         trainer.save(path)
         onnx_path, onnx_diff = _export_onnx(trainer, path.with_name("model.onnx"), x_test)
-        if spec.get("publish_model") and onnx_path is not None:
+        if spec.get("publish_model") and onnx_path is not None and not self.privacy.private:
             self._publish(Path(onnx_path))  # before done: a completed job has every model
         # Done first: a flush on a slow link can take seconds, and the coordinator takes
         # a participant silent that long after the others finished for a dead one.
@@ -668,16 +671,18 @@ class JobRunner:
 
     def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:
         dim = self.spec["sketch_dim"]
-        if dim <= 0:
+        if dim <= 0 or self.privacy.private:  # un-noised: never sent from a private job
             return []
         return [float(v) for v in consensus_sketch(params, dim, self.spec["seed"])]
 
     def _test_data(self) -> tuple[np.ndarray, np.ndarray]:
         from models.data import load_dataset_file
 
-        path = self.config.test_data or self.spec["test_data"]
-        if path is not None:
-            return load_dataset_file(Path(path), self.config.label_column)
+        if self.config.test_data is not None:  # the owner's own choice
+            return load_dataset_file(Path(self.config.test_data), self.config.label_column)
+        if self.spec["test_data"] is not None:  # the job's: only inside the data directory
+            path = confine_path(self.spec["test_data"], self.config.data_root)
+            return load_dataset_file(path, self.config.label_column)
         if self.config.data.suffix == ".npz":
             with np.load(self.config.data) as arrays:
                 if "x_test" in arrays and "y_test" in arrays:

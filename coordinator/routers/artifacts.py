@@ -28,6 +28,7 @@ from coordinator.deps import (
     SessionDep,
 )
 from coordinator.errors import Conflict, NotFound
+from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import JobArtifacts
 from meshfl.contract import ModelArtifact as ModelArtifactBody
 
@@ -45,6 +46,11 @@ _ONNX = "application/octet-stream"
 def _check_upload(session: Session, job_id: str, device: Device, now: float) -> Job:
     job = store.get_job(session, job_id)
     row = store.participation(session, job, device)
+    if PrivacyOptions.from_spec(job.spec).private:  # its models must not leave the devices
+        raise Conflict(
+            f"job {job_id!r} is private (DP or secure aggregation): a device's un-noised"
+            " model must not leave it, so the coordinator takes no model upload"
+        )
     if not job.spec.get("publish_model"):
         raise Conflict(
             f"job {job_id!r} was not created with publish_model; its models stay on the"

@@ -17,6 +17,9 @@ cannot work is refused with the same one-line reason everywhere, before a job st
 - **Differential privacy**: ``distributed`` noise is split across a securely
   aggregated neighbourhood, so it needs secure aggregation; DP clips a *delta*, so it
   needs CHOCO-SGD (D-PSGD sends models).
+- **Nothing else leaves a private device**: under DP or secure aggregation
+  (:attr:`PrivacyOptions.private`) a device uploads no final model (``publish_model`` is
+  refused) and its round reports carry no count sketch of its model.
 """
 
 from __future__ import annotations
@@ -195,6 +198,15 @@ class PrivacyOptions:
         """Whether differential privacy is on."""
         return self.noise_multiplier > 0
 
+    @property
+    def private(self) -> bool:
+        """Whether the job is private (DP or secure aggregation).
+
+        Nothing but what the privacy mechanism releases may leave a device of a private
+        job: no count sketch of its model in round reports, no uploaded final model.
+        """
+        return self.dp or self.secure
+
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> PrivacyOptions:
         """Read and check a job spec's options (see the module docstring).
@@ -294,6 +306,25 @@ class PrivacyOptions:
                 " keyframe_growth to 0"
             )
         secure_quantization_bits(str(spec.get("codec", "identity")))
+
+    def check_release(self, spec: Mapping[str, Any]) -> None:
+        """Refuse a private job that would release a device's un-noised model.
+
+        Checked when a job is created (REST, ``meshfl job start``, ``meshfl local``) and
+        by the agent before it runs one (a refusal declines the job). Not part of
+        :meth:`from_spec`, so that a job stored before this rule still reads back.
+
+        Raises
+        ------
+        ConfigError
+            ``publish_model`` on a DP or secure-aggregation job.
+
+        """
+        if self.private and spec.get("publish_model"):
+            raise ConfigError(
+                "publish_model uploads each device's final model un-noised, which a private"
+                " job (DP or secure aggregation) must not release; set publish_model false"
+            )
 
     def noise_std_steps(self, step: float) -> float:
         """Std of one member's integer DP noise in grid steps of size ``step`` (0: no DP).

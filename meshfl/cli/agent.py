@@ -10,10 +10,14 @@ import typer
 from edge_agent.config import DEFAULT_OUT
 from meshfl.cli.agent_fleet import fleet
 from meshfl.cli.agent_options import (
+    AllowModelOption,
     CoordinatorOption,
+    DataDirOption,
     KeepaliveOption,
     OfflineGraceOption,
+    TokenFileOption,
     TokenOption,
+    read_secret,
 )
 from meshfl.cli.logs import LogFormat, LogFormatOption
 
@@ -24,10 +28,13 @@ agent_app.command("fleet")(fleet)
 @agent_app.command("run")
 def run(
     coordinator: CoordinatorOption,
-    token: TokenOption,
     data: Annotated[
         Path, typer.Option(help="Local training data: .npz (x, y), .csv or an image folder.")
     ],
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    allow_model: AllowModelOption = None,
+    data_dir: DataDirOption = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -102,10 +109,11 @@ def run(
         logging.getLogger("meshfl.agent").info("metrics: http://%s:%d/metrics", metrics_host, port)
     # SIGTERM ends the agent like Ctrl-C: finally-blocks publish "offline" and disconnect.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    secret = read_secret(token, token_file, "--token")
     run_agent(
         AgentConfig(
             coordinator=coordinator,
-            token=token,
+            token=secret,
             data=data,
             name=device_name,
             broker=broker,
@@ -118,6 +126,8 @@ def run(
             broker_ca=broker_ca,
             keepalive_s=keepalive,
             offline_grace_s=offline_grace,
+            allowed_models=tuple(allow_model or ()),
+            data_dir=data_dir,
         ),
         observer=telemetry,
     )

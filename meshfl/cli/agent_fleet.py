@@ -9,10 +9,14 @@ import typer
 
 from edge_agent.config import DEFAULT_OUT
 from meshfl.cli.agent_options import (
+    AllowModelOption,
     CoordinatorOption,
+    DataDirOption,
     KeepaliveOption,
     OfflineGraceOption,
+    TokenFileOption,
     TokenOption,
+    read_secret,
 )
 from meshfl.cli.logs import LogFormat, LogFormatOption
 
@@ -21,7 +25,6 @@ __all__ = ["fleet"]
 
 def fleet(
     coordinator: CoordinatorOption,
-    token: TokenOption,
     data: Annotated[
         str,
         typer.Option(
@@ -30,6 +33,10 @@ def fleet(
         ),
     ],
     count: Annotated[int, typer.Option(min=1, help="How many agents this process runs.")],
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    allow_model: AllowModelOption = None,
+    data_dir: DataDirOption = None,
     first: Annotated[int, typer.Option(min=0, help="Number of the first agent.")] = 0,
     name_prefix: Annotated[
         str, typer.Option(help="Agent i is named PREFIX{i}, e.g. device-0, device-1, ...")
@@ -77,6 +84,7 @@ def fleet(
     from edge_agent.fleet import fleet_configs, run_fleet
     from meshfl.cli.logs import log_handler
     from meshfl.errors import MeshflError
+    from meshfl.modelspec.allow import check_allow_list
 
     handler = log_handler(log_format.value)
     if log_format is LogFormat.TEXT:  # each agent's thread is named after it
@@ -88,9 +96,11 @@ def fleet(
     names = [f"{name_prefix}{i}" for i in range(first, first + count)]
     files = [Path(data.replace("{i}", str(i))) for i in range(first, first + count)]
     template = AgentConfig(
-        coordinator=coordinator, token=token, data=files[0], name=names[0], broker=broker,
+        coordinator=coordinator, token=read_secret(token, token_file, "--token"),
+        data=files[0], name=names[0], broker=broker,
         test_data=test_data, out=out, label_column=label_column, once=once, poll_s=poll,
         threads=threads, keepalive_s=keepalive, offline_grace_s=offline_grace,
+        allowed_models=check_allow_list(allow_model or ()), data_dir=data_dir,
     )  # fmt: skip
     configs = fleet_configs(template, names, files)
 

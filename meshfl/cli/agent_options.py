@@ -2,18 +2,59 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-__all__ = ["CoordinatorOption", "KeepaliveOption", "OfflineGraceOption", "TokenOption"]
+__all__ = [
+    "AllowModelOption",
+    "CoordinatorOption",
+    "DataDirOption",
+    "KeepaliveOption",
+    "OfflineGraceOption",
+    "TokenFileOption",
+    "TokenOption",
+    "read_secret",
+]
 
 CoordinatorOption = Annotated[
     str,
     typer.Option(envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."),
 ]
 TokenOption = Annotated[
-    str, typer.Option(envvar="MESHFL_TOKEN", help="The fleet's enrolment token.")
+    str | None,
+    typer.Option(
+        envvar="MESHFL_TOKEN",
+        help="The fleet's enrolment token (better: MESHFL_TOKEN or --token-file, which"
+        " other users cannot read in the process list).",
+    ),
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="MESHFL_TOKEN_FILE",
+        help="Read the enrolment token from this file (its first line) instead of --token.",
+    ),
+]
+AllowModelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-model",
+        envvar="MESHFL_ALLOW_MODEL",
+        metavar="PKG.MOD:FN",
+        help="A custom model factory jobs may run on this device (repeatable; the env"
+        " variable takes a space-separated list). Without it only the model zoo runs; the"
+        " Python standard library is never allowed.",
+    ),
+]
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="MESHFL_DATA_DIR",
+        help="The only folder a job's test data path may point into (default: the folder"
+        " holding --data).",
+    ),
 ]
 KeepaliveOption = Annotated[
     int,
@@ -37,3 +78,36 @@ OfflineGraceOption = Annotated[
         " to your devices' restart time to have a rebooting neighbour waited for.",
     ),
 ]
+
+
+def read_secret(value: str | None, file: Path | None, option: str) -> str:
+    """A secret given as ``--OPTION`` (or its environment variable) or ``--OPTION-file``.
+
+    The file's first line, stripped, is the secret (a trailing newline is not part of
+    it). Exactly one of the two must be given.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        Neither or both given, an unreadable file, or an empty secret.
+
+    """
+    from meshfl.errors import ConfigError
+
+    if value is not None and file is not None:
+        raise ConfigError(f"give {option} or {option}-file, not both")
+    if file is None:
+        if not value:
+            raise ConfigError(
+                f"{option} is required: pass {option}-file FILE (or set the environment"
+                f" variable) so that it stays out of the process list"
+            )
+        return value
+    try:
+        lines = Path(file).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {option}-file {file} ({exc}); check the path") from None
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        raise ConfigError(f"{option}-file {file} is empty; write the secret on its first line")
+    return secret

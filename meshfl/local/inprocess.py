@@ -136,6 +136,7 @@ def start_fleets(
             "--name-prefix", "device-", "--out", str(config.out / "models"), "--once",
             "--label-column", config.label_column, "--poll", str(POLL_S),
             "--log-format", config.log_format,
+            *(["--allow-model", config.model] if ":" in config.model else []),  # the user's own
         ]  # fmt: skip
         children.append(supervisor.start(f"fleet-{k}", args))
     return children

@@ -82,6 +82,7 @@ def onnx_section(
     out: Path,
     failed: Mapping[str, str],
     published: Path | None = None,
+    private: str | None = None,
 ) -> dict[str, Any]:
     """Build the report's ``onnx`` section; the consensus model is ``out / "consensus.onnx"``.
 
@@ -107,6 +108,9 @@ def onnx_section(
         ``{agent name: why}`` for agents that failed (excluded from the consensus).
     published : Path or None
         The coordinator's ``consensus.onnx`` (``GET /jobs/{id}/artifacts/consensus.onnx``).
+    private : str or None
+        A private job (DP or secure aggregation): no consensus of the devices' un-noised
+        models is built; ``consensus`` is ``{"error": private, "excluded": []}``.
 
     Returns
     -------
@@ -132,6 +136,9 @@ def onnx_section(
     ]
     names = [d["name"] for d in devices if d["name"] not in {e["name"] for e in excluded}]
     consensus: dict[str, Any]
+    if private is not None:
+        return {"tolerance": PARITY_TOLERANCE, "devices": devices, "failures": failures,
+                "consensus": {"error": private, "excluded": []}}  # fmt: skip
     try:
         paths = [models_dir / job["job_id"] / name / "model.npz" for name in names]
         missing = [p for p in paths if not p.is_file()]

@@ -169,6 +169,8 @@ def run_local(
                     "--out", str(out / "models"), "--once",
                     "--label-column", config.label_column, *broker, *slowdown,
                     "--log-format", config.log_format,
+                    # the factory the user passed meshfl local is the user's own code
+                    *(["--allow-model", config.model] if ":" in config.model else []),
                 ],
             )  # fmt: skip
 
@@ -253,6 +255,13 @@ def run_local(
     return result
 
 
+PRIVATE_CONSENSUS = (
+    "not built: in a private job (DP or secure aggregation) the devices' un-noised final"
+    " models stay on the devices; each device's own model is in its --out folder"
+)
+"""Why a private local run has no consensus model (the report's ``onnx.consensus.error``)."""
+
+
 def _security_section(
     admin: AdminClient, job: JobPublic, spec: JobSpec, secure: SecureBroker | None
 ) -> dict[str, Any]:
@@ -312,7 +321,10 @@ def _onnx_section(
     from models.data import load_dataset_file
 
     x_test, y_test = load_dataset_file(test_file)
-    return onnx_section(job, spec["model"], x_test, y_test, out / "models", out, failed, published)
+    private = None if spec["publish_model"] else PRIVATE_CONSENSUS  # no un-noised consensus
+    return onnx_section(
+        job, spec["model"], x_test, y_test, out / "models", out, failed, published, private
+    )
 
 
 def _artifacts(admin: AdminClient, job_id: str, path: Path) -> dict[str, Any]:
@@ -560,7 +572,9 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "keyframe_growth": config.keyframe_growth,
         "dense_below": config.dense_below,
         "byte_budget": config.byte_budget,
-        "publish_model": True,  # agents upload model.onnx; the coordinator averages them
+        # Agents upload model.onnx and the coordinator averages them — except in a private
+        # job, whose devices release nothing but what DP / secure aggregation protects.
+        "publish_model": not (config.dp_noise_multiplier > 0 or config.secure_aggregation > 0),
     }  # fmt: skip
     spec.update(topology_fields(config.topology))  # type: ignore[typeddict-item]
     # The issue-4 keys go in only when they differ from the contract's defaults.

@@ -12,10 +12,18 @@ model (``factory``) has no layout here: its spec carries the hash that
 - :mod:`meshfl.modelspec.fields`: the optional spec fields, the size bounds every job
   has (:func:`check_sizes`), the hash checks at job creation and on the device, specs
   from CLI options.
+- :mod:`meshfl.modelspec.allow`: what a device's owner allows a job — the factories it
+  may call (never the standard library) and the data directory its paths stay in.
 """
 
 from __future__ import annotations
 
+from meshfl.modelspec.allow import (
+    check_allow_list,
+    check_allowed,
+    confine_path,
+    refuse_standard_library,
+)
 from meshfl.modelspec.fields import (
     MAX_CLASSES,
     MAX_HIDDEN_LAYERS,
@@ -50,9 +58,12 @@ __all__ = [
     "MAX_WIDTH",
     "ZOO_MODELS",
     "Layout",
+    "check_allow_list",
+    "check_allowed",
     "check_hash",
     "check_sizes",
     "cnn1d_lengths",
+    "confine_path",
     "describe",
     "from_options",
     "group_count",
@@ -64,6 +75,7 @@ __all__ = [
     "lenet_sizes",
     "parameter_count",
     "positive_int",
+    "refuse_standard_library",
     "validate_model_spec",
     "with_hash",
 ]

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshfl.contract import MAX_CLASSES, ModelSpec
-from meshfl.errors import ConfigError
+from meshfl.errors import ConfigError, SecurityError
+from meshfl.modelspec.allow import refuse_standard_library
 from meshfl.modelspec.layout import (
     DEFAULT_HIDDEN,
     image_shape,
@@ -51,7 +52,8 @@ def validate_model_spec(spec: Mapping[str, Any]) -> None:
     """Check the optional fields a zoo or custom spec may carry.
 
     ``image_shape`` (three positive ints, product ``input_dim``), ``factory``
-    (``"package.module:callable"``; required by and only with ``name: "custom"``),
+    (``"package.module:callable"``; required by and only with ``name: "custom"``; never
+    a standard-library or built-in module, :func:`~meshfl.modelspec.allow.refuse_standard_library`),
     ``kwargs`` (a JSON object of at most 16 KiB, only with a factory) and ``hash`` (64
     lowercase hex). Zoo-specific rules (e.g. lenet's four widths) are :func:`layout`'s.
 
@@ -79,6 +81,10 @@ def validate_model_spec(spec: Mapping[str, Any]) -> None:
                 f"model factory {factory!r} must be 'package.module:callable' (dotted Python"
                 " names), e.g. 'mypkg.nets:make_net'"
             )
+        try:
+            refuse_standard_library(factory)
+        except SecurityError as exc:
+            raise ConfigError(str(exc)) from None
     if "kwargs" in spec:
         kwargs = spec["kwargs"]
         if factory is None:
