@@ -65,7 +65,10 @@ def start_job(
     charging sit out (recorded in the topology's ``sit_out`` and the start event). The
     first ``spec.devices`` of the rest take part (``0``: all of them; a custom graph's
     ``n``); ordered by name (then id), device ``k`` gets index and position ``k``, so the
-    same names give the same graph whatever order the devices enrolled in. The graph, W,
+    same names give the same graph whatever order the devices enrolled in. A
+    secure-aggregation job orders them by a salted hash of their ids instead
+    (:func:`coordinator.secagg.placement`): names are chosen by devices, and a device
+    that picks its place could pick its neighbours. The graph, W,
     plans and version 1 are stored as :mod:`coordinator.planning` describes.
 
     Privacy (issue 5): a secure-aggregation threshold larger than some device's degree
@@ -109,6 +112,9 @@ def start_job(
             f" {which}{low}; {fix} devices"
         )
     chosen = sorted(eligible[:wanted] if wanted else eligible, key=lambda d: (d.name, d.id))
+    salt = None
+    if PrivacyOptions.from_spec(spec).secure:  # no device may steer its own place (issue 23)
+        salt, chosen = secagg.placement(chosen)
     keyless = [d.id for d in chosen if d.identity_key is None]
     if keyless and spec.get("signed_deltas", True):
         raise Conflict(
@@ -159,6 +165,8 @@ def start_job(
         "plan": planning.with_no_wait(spec, planning.device_plans(spec, chosen), graph, chosen),
         "sit_out": sit_out,
     }
+    if salt is not None:
+        job.topology["placement_salt"] = salt
     if options.secure:  # the secure-aggregation neighbourhoods never change (docs/privacy.md)
         job.topology["secure_neighbourhoods"] = secagg.neighbourhoods(job)
     for index, device in enumerate(chosen):

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import secrets
+from collections.abc import Sequence
 from typing import Any, cast
 
 from cryptography.exceptions import InvalidSignature
@@ -46,6 +48,7 @@ __all__ = [
     "load_signing_key",
     "neighbourhoods",
     "parse_identity_key",
+    "placement",
     "public_key_b64",
     "put_bundle",
 ]
@@ -353,3 +356,27 @@ def declare(
         f"aggregator {device.id!r} already declared round {declaration['round']} of job"
         f" {job.id!r} differently; the first declaration stands"
     )
+
+
+def placement(devices: Sequence[Device], salt: str | None = None) -> tuple[str, list[Device]]:
+    """Order a secure job's devices by SHA-256(salt ‖ device id): their graph positions.
+
+    A device chooses its name, and positions by name would let it choose its neighbours
+    (and so which aggregator it colludes with); device ids are the coordinator's random
+    ``dev-…`` and the salt is drawn fresh per job at its start (128 bits,
+    :func:`secrets.token_hex`), so no device can predict or steer its position. The salt
+    is kept in the job's topology (``placement_salt``) so the order can be checked
+    afterwards. ``salt`` given: reuse it (tests, re-checking).
+
+    Returns
+    -------
+    tuple
+        The salt (hex) and the devices in position order.
+
+    """
+    salt = secrets.token_hex(16) if salt is None else salt
+
+    def rank(device: Device) -> bytes:
+        return hashlib.sha256(bytes.fromhex(salt) + device.id.encode()).digest()
+
+    return salt, sorted(devices, key=rank)

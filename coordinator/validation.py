@@ -150,7 +150,7 @@ def validate_spec(spec: JobSpec) -> None:
             f"spec.byte_budget sets a sparsifier's density but spec.codec = {spec['codec']!r};"
             " use topk:D or randk:D"
         )
-    _validate_topology(spec)
+    graph = _validate_topology(spec)
     if "select" in spec:
         validate_selector(spec["select"])
     if spec["algorithm"] == "dpsgd" and spec["codec"].strip().lower() not in LOSSLESS_CODECS:
@@ -158,12 +158,15 @@ def validate_spec(spec: JobSpec) -> None:
             f"algorithm 'dpsgd' averages uncompressed models but spec.codec = "
             f"{spec['codec']!r}; use codec 'identity' (or 'fp32'), or algorithm 'choco'"
         )
-    PrivacyOptions.from_spec(spec).check_release(spec)  # no un-noised model from a private job
-    if PrivacyOptions.from_spec(spec).secure and spec["rounds"] > MAX_SECURE_ROUNDS:
+    options = PrivacyOptions.from_spec(spec)
+    options.check_release(spec)  # no un-noised model from a private job
+    if options.secure and spec["rounds"] > MAX_SECURE_ROUNDS:
         raise ConfigError(
             f"spec.rounds = {spec['rounds']} is too many for secure aggregation (one masking"
             f" key per round in each key bundle); use at most {MAX_SECURE_ROUNDS} per job"
         )
+    if options.secure and graph is not None:  # the graph is known now: t in (d/2, d]
+        options.check_degrees({f"#{k}": graph.degree(k) for k in range(graph.n)}, spec["codec"])
 
 
 def fill_model_hash(spec: JobSpec) -> JobSpec:
@@ -253,19 +256,21 @@ def validate_selector(selector: DeviceSelector) -> None:
     _check_fields(selector, _SELECTOR_RULES, "spec.select.")
 
 
-def _validate_topology(spec: JobSpec) -> None:
-    """The topology, its parameters, rounds, planning and churn fields (issue 4)."""
+def _validate_topology(spec: JobSpec) -> Graph | None:
+    """The topology, its parameters, rounds, planning and churn fields (issue 4).
+
+    Returns the graph when ``spec.devices`` (or a custom graph) fixes it, else ``None``.
+    """
     _check_fields(spec, _OPTIONAL_RULES, "spec.")
     mode = spec.get("mode", "sync")
     if mode not in JOB_MODES:
         raise ConfigError(f"spec.mode = {mode!r}; use one of {', '.join(JOB_MODES)}")
     kind = _check_kind(spec, "spec.")
     if kind == "custom":
-        _validate_custom(spec)
-        return
+        return _validate_custom(spec)
     n = spec["devices"]
     if not 0 < n <= CHECKED_GRAPH_SIZE:
-        return
+        return None
     try:
         graph = build_graph(
             kind,
@@ -281,6 +286,7 @@ def _validate_topology(spec: JobSpec) -> None:
             f"spec.topology = {kind!r} gives a disconnected graph on {n} devices; raise"
             " spec.topology_degree or spec.topology_probability"
         )
+    return graph
 
 
 def _checked_custom(doc: JobSpec | TopologySetting, prefix: str) -> Graph:
@@ -295,13 +301,14 @@ def _checked_custom(doc: JobSpec | TopologySetting, prefix: str) -> Graph:
         raise ConfigError(f"{prefix}custom_graph is invalid: {exc}") from exc
 
 
-def _validate_custom(spec: JobSpec) -> None:
+def _validate_custom(spec: JobSpec) -> Graph:
     graph = _checked_custom(spec, "spec.")
     if spec["devices"] not in (0, graph.n):
         raise ConfigError(
             f"spec.custom_graph has {graph.n} nodes but spec.devices = {spec['devices']};"
             f" set devices to {graph.n} (or 0)"
         )
+    return graph
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")

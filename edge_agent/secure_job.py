@@ -20,12 +20,12 @@ from edge_agent.secure_engine import Directory, SecureEngine
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import SecureChoco
-from meshfl.aggregation.privacy import PrivacyOptions
+from meshfl.aggregation.privacy import PrivacyOptions, check_threshold
 from meshfl.contract import Assignment, SecAggDirectory
 from meshfl.errors import ConfigError, CoordinatorError, SecurityError
 from meshfl.wire.serde import Sign
 
-__all__ = ["build_secure_engine"]
+__all__ = ["build_secure_engine", "check_shares"]
 
 log = logging.getLogger("meshfl.agent.secure")
 
@@ -49,6 +49,35 @@ def _directory(reply: SecAggDirectory, rounds: int) -> Directory:
         neighbourhoods=neighbourhoods,
         bundles=bundles,
     )
+
+
+def check_shares(
+    directory: Directory, options: PrivacyOptions, aggregators: Mapping[str, float]
+) -> None:
+    """Refuse to share secrets under a threshold the job did not set, or one too low.
+
+    Before this device splits its secrets among each of its aggregators' neighbourhoods
+    N(i): the directory's threshold t must be the job's, and each |N(i)| must satisfy
+    ``|N(i)|/2 < t <= |N(i)|`` (:func:`meshfl.aggregation.privacy.check_threshold`). The
+    coordinator checks the same at job creation and start; the device checks again
+    because it is the one whose input is at stake.
+
+    Raises
+    ------
+    SecurityError
+        The directory's threshold differs from the job spec's.
+    ConfigError
+        Some aggregator's neighbourhood is outside the safe range for t.
+
+    """
+    if directory.threshold != options.threshold:
+        raise SecurityError(
+            f"the key directory's threshold {directory.threshold} is not the job's"
+            f" secure_aggregation {options.threshold}; not sharing any secret"
+        )
+    for aggregator in sorted(aggregators):
+        members = directory.neighbourhoods.get(aggregator, ())
+        check_threshold(directory.threshold, len(members), aggregator)
 
 
 def build_secure_engine(
@@ -101,6 +130,7 @@ def build_secure_engine(
         raise CoordinatorError(
             f"the key directory's neighbourhood of {device_id} differs from its assignment"
         )
+    check_shares(directory, options, neighbours)
     largest = max((len(v) for v in directory.neighbourhoods.values()), default=1)
     fixed_point, density = options.fixed_point(spec["codec"], largest)
     algorithm = SecureChoco(

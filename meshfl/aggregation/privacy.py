@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_SECURE_RANGE",
     "PrivacyOptions",
     "RobustRule",
+    "check_threshold",
     "parse_robust",
     "secure_quantization_bits",
 ]
@@ -361,11 +362,49 @@ class PrivacyOptions:
         if not self.secure or not degrees:
             return
         self.fixed_point(codec, max(degrees.values()))
-        smallest = min(degrees.values())
-        if self.threshold > smallest:
-            device = min(degrees, key=lambda d: (degrees[d], d))
-            raise ConfigError(
-                f"secure aggregation threshold {self.threshold} exceeds the {smallest}"
-                f" neighbours of device {device}; use a threshold <= {smallest} or a denser"
-                " topology"
-            )
+        for device in sorted(degrees, key=lambda d: (degrees[d], d)):
+            check_threshold(self.threshold, degrees[device], device)
+
+
+def check_threshold(threshold: int, size: int, aggregator: str) -> None:
+    """Refuse a Shamir threshold outside (size/2, size] for one neighbourhood.
+
+    An aggregator unmasks the sum of the members it declares survivors, and the
+    coordinator checks only that they number at least t (the others it may call
+    dropped: their masking keys are reconstructed, their inputs stay hidden). With c of
+    those survivors colluding, the sum hides only t − c honest inputs: at ``t = 2`` an
+    aggregator and one colluding member learn the other survivor's input whatever the
+    degree. ``t > size/2`` makes every unmasked sum cover a majority of the
+    neighbourhood, so unmasking one honest input takes at least ``t - 1 >= size // 2``
+    colluding members (Bonawitz et al., CCS 2017, Section 4, choose t > n/2 against an
+    active server; SecAgg+, Bell et al., CCS 2020, Section 3.3). A neighbourhood of 2
+    (a ring) can only ever hide an input from its aggregator alone. ``t > size`` leaves
+    nothing to reconstruct.
+
+    Parameters
+    ----------
+    threshold : int
+        t, the job's ``secure_aggregation``.
+    size : int
+        |N(i)|: the members of the aggregator's neighbourhood (its degree).
+    aggregator : str
+        The aggregator's device id, named in the error.
+
+    Raises
+    ------
+    ConfigError
+        ``threshold > size`` or ``2 * threshold <= size``, with the thresholds that work.
+
+    """
+    if threshold > size:
+        raise ConfigError(
+            f"secure aggregation threshold {threshold} exceeds the {size} neighbours of"
+            f" device {aggregator}; use a threshold <= {size} or a denser topology"
+        )
+    if 2 * threshold <= size:
+        raise ConfigError(
+            f"secure aggregation threshold {threshold} is not above half of device"
+            f" {aggregator}'s {size} neighbours: an aggregator and {threshold - 1} colluding"
+            f" neighbour(s) could unmask one input; use a threshold of at least"
+            f" {size // 2 + 1} or a sparser, more regular topology"
+        )

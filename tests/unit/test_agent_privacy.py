@@ -83,3 +83,23 @@ def test_a_device_stops_before_its_privacy_budget_is_crossed(tmp_path: Path) -> 
     # Its neighbour saw it leave and finished the job alone.
     assert [m["round"] for m in free.metrics] == [1, 2, 3, 4, 5]
     assert [s["round"] for s in free.spends] == [1, 2, 3, 4, 5]
+
+
+def test_a_device_refuses_to_share_secrets_under_a_low_or_swapped_threshold() -> None:
+    """Issue 23 item 5: the agent checks t in (|N(i)|/2, |N(i)|] before it splits secrets."""
+    import pytest
+
+    from edge_agent.secure_engine import Directory
+    from edge_agent.secure_job import check_shares
+    from meshfl.aggregation.privacy import PrivacyOptions
+    from meshfl.errors import ConfigError, SecurityError
+
+    spec = {"algorithm": "choco", "codec": "int8", "mode": "sync", "topology": "complete"}
+    complete = {d: tuple(p for p in "abcde" if p != d) for d in "abcde"}  # neighbourhoods of 4
+    options = PrivacyOptions.from_spec({**spec, "secure_aggregation": 3})
+    check_shares(Directory(3, "", complete, {}), options, {"b": 0.2, "c": 0.2})
+    low = PrivacyOptions.from_spec({**spec, "secure_aggregation": 2})
+    with pytest.raises(ConfigError, match="not above half of device b's 4 neighbours"):
+        check_shares(Directory(2, "", complete, {}), low, {"b": 0.2, "c": 0.2})
+    with pytest.raises(SecurityError, match="threshold 2 is not the job's secure_aggregation 3"):
+        check_shares(Directory(2, "", complete, {}), options, {"b": 0.2})

@@ -560,3 +560,35 @@ def test_openapi_documents_problem_statuses_and_closed_bodies(client: TestClient
                 assert schemas[name].get("additionalProperties") is False, (where, name)
     for code in ("429", "503"):
         assert "Retry-After" in spec["paths"][f"{API}/jobs"]["get"]["responses"][code]["headers"]
+
+
+def test_a_made_up_bearer_token_buys_no_rate_limit_budget(
+    make_client: Callable[..., TestClient],
+) -> None:
+    """Issue 23 item 7: a fresh random bearer per request was a fresh identity each time."""
+    client = make_client(rate_limit_enrol="3/minute", rate_limit_device="100/minute")
+    statuses = [
+        client.post(
+            f"{API}/devices/enrol",
+            json={"token": ENROL, "name": f"d-{k}"},
+            headers=bearer(secrets.token_urlsafe(16)),
+        ).status_code
+        for k in range(5)
+    ]
+    assert statuses == [200, 200, 200, 429, 429]
+    api_like = bearer("mfa_" + secrets.token_urlsafe(16))  # an API token's prefix, unknown
+    assert_problem(client.get(f"{API}/jobs", headers=api_like), 429, f"{API}/jobs", "address")
+
+
+def test_a_known_device_token_is_counted_as_itself_not_by_address(
+    make_client: Callable[..., TestClient],
+) -> None:
+    client = make_client(rate_limit_enrol="2/minute", rate_limit_device="4/minute")
+    token = enrol(client, ENROL, "a").json()["device_token"]  # 1 of 2 for this address
+    device_id = client.get(f"{API}/devices", headers=ADMIN_H).json()[0]["device_id"]
+    polls = [
+        client.get(f"{API}/devices/{device_id}/assignment", headers=bearer(token)).status_code
+        for _ in range(5)
+    ]
+    assert polls == [204, 204, 204, 204, 429]  # its own budget, not the address's 2
+    assert enrol(client, ENROL, "b").status_code == 200  # the address kept its second

@@ -79,7 +79,13 @@ class Fleet:
         ids = [self.enrol(f"pi-{k}", identity=identity) for k in range(n)]
         job_id = self.create(devices=n, **overrides)
         assert self.start(job_id).status_code == 200
-        return job_id, ids
+        return job_id, self.positions(job_id, ids)
+
+    def positions(self, job_id: str, ids: list[str]) -> list[str]:
+        """The job's devices in graph-position order (``ids`` in name order, if not secure)."""
+        topology = self.client.get(f"{API}/jobs/{job_id}/topology", headers=ADMIN_H).json()
+        assert sorted(topology["devices"]) == sorted(ids)
+        return list(topology["devices"])
 
     def bundle(
         self, job_id: str, device: str, rounds: int, slots: int = 2, **changes: Any
@@ -165,10 +171,47 @@ def test_job_creation_refuses_privacy_options_that_cannot_work(fleet: Fleet) -> 
 def test_start_refuses_a_threshold_above_a_devices_degree(fleet: Fleet) -> None:
     for k in range(4):
         fleet.enrol(f"pi-{k}")
-    job_id = fleet.create(devices=4, **{**SECURE, "secure_aggregation": 3})  # ring: degree 2
+    job_id = fleet.create(devices=0, **{**SECURE, "secure_aggregation": 3})  # ring: degree 2
     r = fleet.start(job_id)
     assert r.status_code == 409 and "exceeds the 2 neighbours" in r.json()["detail"]
     assert fleet.client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()["status"] == "created"
+
+
+def test_a_threshold_at_or_below_half_the_neighbourhood_is_refused_at_creation_and_start(
+    fleet: Fleet,
+) -> None:
+    """Issue 23 item 5: t = 2 in a neighbourhood of 4 lets an aggregator + 1 colluder unmask."""
+    regular = {**SECURE, "topology": "complete"}  # 5 devices: every neighbourhood is 4
+    r = fleet.client.post(f"{API}/jobs", json=spec(devices=5, **regular), headers=ADMIN_H)
+    assert r.status_code == 422, r.text
+    assert "not above half" in r.json()["detail"] and "at least 3" in r.json()["detail"]
+    for k in range(5):
+        fleet.enrol(f"pi-{k}")
+    job_id = fleet.create(devices=0, **regular)  # 0: all devices, the graph is unknown yet
+    started = fleet.start(job_id)
+    assert started.status_code == 409 and "not above half" in started.json()["detail"]
+    assert fleet.create(devices=5, **{**regular, "secure_aggregation": 3})  # 3 > 4/2: fine
+
+
+def test_a_secure_jobs_placement_ignores_the_names_devices_chose(fleet: Fleet) -> None:
+    """Names no longer fix graph positions: a salted hash of the coordinator's ids does."""
+    from coordinator.secagg import placement
+
+    orders: set[tuple[int, ...]] = set()
+    ids = [fleet.enrol(f"a-{k}") for k in range(4)]  # names sort as enrolled
+    for _ in range(4):
+        job_id = fleet.create(devices=4, **SECURE)
+        assert fleet.start(job_id).status_code == 200
+        devices = fleet.positions(job_id, ids)
+        orders.add(tuple(ids.index(d) for d in devices))
+        fleet.client.post(f"{API}/jobs/{job_id}/stop", headers=ADMIN_H)
+        with fleet.client.app.state.sessionmaker() as session:  # type: ignore[attr-defined]
+            from coordinator.db import Device, Job
+
+            salt = session.get(Job, job_id).topology["placement_salt"]
+            rows = [session.get(Device, d) for d in ids]
+        assert len(salt) == 32 and [d.id for d in placement(rows, salt)[1]] == devices
+    assert orders != {(0, 1, 2, 3)}  # by name every start would be 0, 1, 2, 3
 
 
 # --- key directory ---------------------------------------------------------------------------

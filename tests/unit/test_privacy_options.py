@@ -7,6 +7,7 @@ import pytest
 from meshfl.aggregation.privacy import (
     PrivacyOptions,
     RobustRule,
+    check_threshold,
     parse_robust,
     secure_quantization_bits,
 )
@@ -102,3 +103,24 @@ def test_degrees_bound_the_threshold_and_the_modulus_must_hold_the_sum() -> None
     for sigma in (1e-300, 1e308):  # ε unbounded, or an accountant overflow: refused early
         with pytest.raises(ConfigError, match="dp_noise_multiplier must be in"):
             PrivacyOptions.from_spec({**BASE, "dp_noise_multiplier": sigma, "dp_clip": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("size", "allowed"),
+    [(2, {2}), (3, {2, 3}), (4, {3, 4}), (5, {3, 4, 5}), (8, {5, 6, 7, 8})],
+)
+def test_the_threshold_must_be_above_half_of_each_neighbourhood(
+    size: int, allowed: set[int]
+) -> None:
+    """Issue 23 item 5: t = 2 let an aggregator and one colluder unmask whatever the degree."""
+    accepted = set()
+    for t in range(2, size + 3):
+        try:
+            check_threshold(t, size, "dev-x")
+            accepted.add(t)
+        except ConfigError as exc:
+            assert "dev-x" in str(exc) and ("not above half" in str(exc)) == (t <= size)
+    assert accepted == allowed
+    options = PrivacyOptions.from_spec({**BASE, "secure_aggregation": 2})
+    with pytest.raises(ConfigError, match="use a threshold of at least 3"):
+        options.check_degrees({"a": 2, "b": 4}, "int8")  # b's neighbourhood of 4
