@@ -21,11 +21,13 @@ an agent that subscribes late still gets the latest version; agents also poll ``
 publisher is injected (``create_app(settings, publish)``): the coordinator itself never
 imports an MQTT client. A failing publish is logged and never fails the request that
 caused it.
+
+The bytes are :func:`meshfl.wire.control.encode_control`'s (the one encoder; agents
+decode with :func:`~meshfl.wire.control.decode_control`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -34,8 +36,9 @@ from typing import Any
 
 from coordinator.db import Job
 from meshfl.wire import control_topic
+from meshfl.wire.control import ControlMessage, encode_control
 
-__all__ = ["Control", "Publish", "control_payload"]
+__all__ = ["Control", "Publish", "control_message"]
 
 log = logging.getLogger("coordinator.control")
 
@@ -43,19 +46,19 @@ Publish = Callable[[str, bytes], None]
 """``publish(topic, payload)``: send one retained message (QoS 1) to the broker."""
 
 
-def control_payload(job: Job) -> dict[str, Any]:
+def control_message(job: Job) -> ControlMessage:
     """The control message of ``job``'s current topology version (the job must be started)."""
     topo: dict[str, Any] = job.topology or {}
-    return {
-        "job": job.id,
-        "version": int(topo.get("version", 1)),
-        "from_round": int(topo.get("from_round", 1)),
-        "kind": topo.get("kind"),
-        "devices": list(topo.get("devices", [])),
-        "edges": [[int(i), int(j)] for i, j in topo.get("edges", [])],
-        "status": job.status,
-        **({"pause_round": job.pause_round} if job.status == "paused" else {}),
-    }
+    return ControlMessage(
+        job=job.id,
+        version=int(topo.get("version", 1)),
+        from_round=int(topo.get("from_round", 1)),
+        kind=topo.get("kind"),
+        devices=tuple(topo.get("devices", [])),
+        edges=tuple((int(i), int(j)) for i, j in topo.get("edges", [])),
+        status=job.status,
+        pause_round=job.pause_round if job.status == "paused" else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,6 @@ class Control:
         if self.publish is None or job.topology is None:
             return
         try:
-            payload = json.dumps(control_payload(job), separators=(",", ":")).encode()
-            self.publish(control_topic(self.fleet), payload)
+            self.publish(control_topic(self.fleet), encode_control(control_message(job)))
         except Exception as exc:  # a broker hiccup must not fail the REST request
             log.warning("cannot publish job %s on the control topic: %s", job.id, exc)

@@ -33,13 +33,13 @@ back and leaves cleanly, or is killed again) — check ``last_seen`` after a bro
 spoof) any device's status; the secure broker's ACL lets only device ``u`` write
 ``.../node/u/status``. Memory stays bounded either way: only topics whose device id
 passes the wire id rule (:func:`meshfl.wire.validate_id`, 1-64 characters) are kept, a
-``job`` longer than :data:`MAX_JOB_CHARS` is rejected, and at most :data:`MAX_DEVICES`
-records are held.
+status is decoded by :func:`meshfl.wire.status.decode_status` (at most
+:data:`~meshfl.wire.status.MAX_STATUS_BYTES`, its ``job`` a valid id, anything else
+rejected and counted), and at most :data:`MAX_DEVICES` records are held.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -49,11 +49,10 @@ from typing import Any, Literal, NamedTuple
 
 from meshfl.errors import WireError
 from meshfl.wire import parse_topic
+from meshfl.wire.status import decode_status
 
 __all__ = [
     "MAX_DEVICES",
-    "MAX_JOB_CHARS",
-    "MAX_STATUS_BYTES",
     "OnlineSource",
     "OnlineStatus",
     "Presence",
@@ -67,12 +66,6 @@ log = logging.getLogger("coordinator.presence")
 MAX_DEVICES = 200_000
 """Default cap of devices remembered; the least recently updated is dropped first."""
 
-MAX_STATUS_BYTES = 64 * 1024
-"""Largest status payload parsed (bytes); a status lists at most its ``need`` peers."""
-
-MAX_JOB_CHARS = 128
-"""Longest ``job`` kept from a status (characters; job ids are at most 64); longer is rejected."""
-
 OnlineSource = Literal["last_will", "heartbeat"]
 """What decided ``online``: the status topic (Last Will / agent status) or heartbeats."""
 
@@ -80,8 +73,6 @@ Subscribe = Callable[[str, Callable[[str, bytes], None]], None]
 """``subscribe(topic_filter, on_message)``: deliver every message on ``topic_filter``
 (MQTT wildcards, retained messages included) as ``on_message(topic, payload)``, from any
 thread, until the process ends. It may raise :class:`meshfl.errors.MeshflError`."""
-
-_ONLINE_STATES = {"online": True, "declined": True, "offline": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,18 +260,10 @@ class Presence:
 
 def _parse(payload: bytes) -> tuple[bool, str | None, int | None] | None:
     """``(online, job, round)`` of a status payload, or ``None`` when it is not one."""
-    if len(payload) > MAX_STATUS_BYTES:
-        return None
     try:
-        body = json.loads(payload)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        status = decode_status(payload)
+    except WireError:
         return None
-    if not isinstance(body, dict):
+    if status is None:
         return None
-    state, job, rnd = body.get("state"), body.get("job"), body.get("round")
-    online = _ONLINE_STATES.get(state) if isinstance(state, str) else None
-    if online is None or not (job is None or (isinstance(job, str) and len(job) <= MAX_JOB_CHARS)):
-        return None
-    if rnd is not None and (isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0):
-        return None
-    return online, job, rnd
+    return status.state != "offline", status.job, status.round

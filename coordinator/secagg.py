@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import secrets
 from collections.abc import Sequence
 from typing import Any, cast
@@ -37,12 +36,12 @@ from coordinator.errors import Conflict, Forbidden
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import Declaration, KeyBundle, SecAggDirectory, SignedDeclaration
 from meshfl.errors import ConfigError
+from meshfl.wire.secagg import encode_declaration
 
 __all__ = [
     "BUNDLE_CONTEXT",
     "KEY_BYTES",
     "bundle_message",
-    "canonical_json",
     "declare",
     "directory",
     "load_signing_key",
@@ -258,11 +257,6 @@ def directory(session: Session, job: Job, coordinator_key: str) -> SecAggDirecto
     )
 
 
-def canonical_json(declaration: Declaration) -> bytes:
-    """The bytes the coordinator signs: sorted keys, no spaces, UTF-8."""
-    return json.dumps(declaration, sort_keys=True, separators=(",", ":")).encode()
-
-
 def _checked(job: Job, device: Device, body: Declaration, threshold: int) -> Declaration:
     if body["aggregator"] != device.id:
         raise Forbidden(
@@ -331,7 +325,7 @@ def declare(
     pk = (job.id, declaration["round"], device.id)
     stored = session.get(SecAggDeclaration, pk)
     if stored is None:
-        signature = base64.b64encode(key.sign(canonical_json(declaration))).decode()
+        signature = base64.b64encode(key.sign(encode_declaration(declaration))).decode()
         session.add(
             SecAggDeclaration(
                 job_id=job.id,

@@ -25,11 +25,10 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from edge_agent.checkpoint import CheckpointStore
 from edge_agent.config import AgentConfig
-from edge_agent.engine import status_payload
 from edge_agent.health import HealthWriter
 from edge_agent.job import JobRunner
 from edge_agent.observer import AgentObserver, NullObserver
@@ -41,6 +40,7 @@ from meshfl.errors import ConfigError, CoordinatorError, MeshflError, SecurityEr
 from meshfl.files import atomic_write
 from meshfl.modelspec.allow import check_allow_list
 from meshfl.wire import status_topic, validate_id
+from meshfl.wire.status import encode_status
 from models.data import load_dataset_file
 
 if TYPE_CHECKING:
@@ -283,7 +283,7 @@ def _serve(
                 log.error("declining job %s: %s", job_id, exc)
                 transport.publish(
                     status_topic(fleet, device_id),
-                    status_payload("declined", job_id),
+                    encode_status("declined", job_id),
                     retain=True,
                 )
                 client.post_decline(job_id, str(exc))
@@ -304,8 +304,8 @@ def _runnable(assignment: Assignment, finished: set[str]) -> bool:
     return assignment["status"] == "running" and assignment["job_id"] not in finished
 
 
-def _status(state: str) -> bytes:
-    return status_payload(state)
+def _status(state: Literal["online", "offline"]) -> bytes:
+    return encode_status(state)
 
 
 def _broker_transport(config: AgentConfig, enrolment: EnrolResponse, broker: str) -> Transport:

@@ -49,17 +49,15 @@ The engine runs on the agent's main thread; the transport's network thread only 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from edge_agent.inbox import EngineStats, Inbox
-from edge_agent.outbox import KEEP_ROUNDS, Outbox, repair_request
+from edge_agent.outbox import KEEP_ROUNDS, Outbox
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
@@ -78,9 +76,11 @@ from meshfl.wire import (
     split_message,
     status_topic,
 )
+from meshfl.wire.repair import encode_repair_request
 from meshfl.wire.serde import Sign, encode_envelope
+from meshfl.wire.status import encode_status
 
-__all__ = ["EngineStats", "GossipEngine", "status_payload"]
+__all__ = ["EngineStats", "GossipEngine"]
 
 log = logging.getLogger("meshfl.agent.engine")
 
@@ -97,26 +97,6 @@ neighbours' (ignored after the reconnect)."""
 MIN_REPAIR_AFTER_S = 0.2
 MAX_REPAIR_AFTER_S = 2.0
 """Bounds of ``repair_after_s`` (deadline / 8 between them)."""
-
-
-def status_payload(
-    state: str,
-    job: str | None = None,
-    round_: int | None = None,
-    need: Collection[str] = (),
-    done: bool = False,
-) -> bytes:
-    """The JSON body of a device's retained status (``online``/``offline``/``declined``).
-
-    ``need`` lists the peers whose keyframe the device is waiting for; ``done`` says it
-    mixed its last round of the job and waits for nothing more (:meth:`GossipEngine.linger`).
-    """
-    body: dict[str, Any] = {"state": state, "job": job, "round": round_}
-    if need:
-        body["need"] = sorted(need)
-    if done:
-        body["done"] = True
-    return json.dumps(body).encode()
 
 
 class GossipEngine(Inbox):
@@ -271,7 +251,7 @@ class GossipEngine(Inbox):
     def _publish_status(self) -> None:
         self.transport.publish(
             status_topic(self.fleet, self.device_id),
-            status_payload("online", self.job_id, self._round, self._need, self._done_self),
+            encode_status("online", self.job_id, self._round, self._need, self._done_self),
             qos=1,
             retain=True,
         )
@@ -296,7 +276,7 @@ class GossipEngine(Inbox):
     def leave(self) -> None:
         """Announce that this device left the job (finished, stopped or failed)."""
         self.transport.publish(
-            status_topic(self.fleet, self.device_id), status_payload("online"), qos=1, retain=True
+            status_topic(self.fleet, self.device_id), encode_status("online"), qos=1, retain=True
         )
 
     def set_peers(self, peers: Collection[str], need: Collection[str] = ()) -> None:
@@ -540,7 +520,7 @@ class GossipEngine(Inbox):
             after = self._last_seq.get(peer, 0)
             self.transport.publish(
                 inbox_topic(self.fleet, peer, self.device_id),
-                repair_request(self.job_id, after),
+                encode_repair_request(self.job_id, after),
                 qos=1,
             )
             self.stats.repairs_requested += 1

@@ -13,6 +13,17 @@ repair requests and the messages they re-send on this device's requests
 
 The transport's network thread only puts ``(topic, payload)`` pairs on a queue; all
 handling happens on the thread that calls :meth:`Inbox.drain` or the engine's waits.
+Statuses, control messages and repair requests are decoded by :mod:`meshfl.wire`
+(``status``, ``control``, ``repair``); whatever does not decode is rejected and counted.
+
+**Bounds against hostile peers** (each refusal counted in the ledger's
+``rejected_quota``): chunks are reassembled per ``(sender, topic, message id)``, within a
+per-sender quota of partial messages and bytes (:class:`~meshfl.wire.Reassembler`); an
+envelope more than :data:`~edge_agent.mailbox.MAX_ROUNDS_AHEAD` rounds ahead of this
+device's round is refused, not held, and a sender may have at most
+:data:`MAX_HELD_PER_SENDER` envelopes (:data:`MAX_HELD_BYTES_PER_SENDER` bytes) held for
+future rounds; the receive queue is bounded (:mod:`edge_agent.mailbox`). Envelopes of
+past rounds are never held (applied at once, or dropped), so they need no bound.
 
 **Signed deltas.** With a :class:`~edge_agent.signing.Verifier` (a ``signed_deltas`` job),
 every envelope of this job is verified before anything else reads it: unsigned ones are
@@ -39,20 +50,20 @@ keyframe lost) is repeated once the peer's sequence numbers show it was passed o
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
 
 from edge_agent.ledger import DeliveryLedger
-from edge_agent.mailbox import Mailbox
-from edge_agent.outbox import parse_repair_request
+from edge_agent.mailbox import MAX_ROUNDS_AHEAD, Mailbox
 from edge_agent.signing import RejectLog, ReplayWindow, Verdict, Verifier
 from meshfl.aggregation import GossipAlgorithm
-from meshfl.errors import MeshflError
+from meshfl.errors import MeshflError, QuotaError
 from meshfl.wire import Envelope, MessageKind, Reassembler, parse_topic
+from meshfl.wire.control import ControlMessage, decode_control
+from meshfl.wire.repair import decode_repair_request, is_repair_request
 from meshfl.wire.serde import DecodedEnvelope, decode_envelope_signed
+from meshfl.wire.status import decode_status
 
 __all__ = ["EngineStats", "Inbox"]
 
@@ -65,6 +76,11 @@ FIRST_CONTACT_ROUNDS = 2
 REORDER_WINDOW = 64
 """Sequence numbers a CHOCO difference may run ahead of its replica and still be held for
 its late predecessors (further: the replica is dropped and resynced from a keyframe)."""
+
+MAX_HELD_PER_SENDER = 2 * MAX_ROUNDS_AHEAD
+"""Most envelopes of one sender held for this device's future rounds."""
+MAX_HELD_BYTES_PER_SENDER = 128 * 2**20
+"""Most tensor bytes of one sender held for future rounds (its first one always fits)."""
 
 
 @dataclass
@@ -133,7 +149,7 @@ class Inbox(Mailbox):
         self.verifier = verifier
         self._refusals = RejectLog(log, clock=clock)
         self._window = ReplayWindow()  # signed job: sequence numbers accepted per sender
-        self.control: list[dict[str, Any]] = []
+        self.control: list[ControlMessage] = []
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._applied: dict[str, set[int]] = {n: set() for n in self.peers}
         # CHOCO: the sequence number up to which a replica holds every message (0: the
@@ -238,27 +254,37 @@ class Inbox(Mailbox):
             elif info.kind == "control":
                 self._on_control(payload)
             elif info.kind == "delta":
-                message = self._reassembler.feed(payload)
+                message = self._reassembler.feed(payload, info.device or "", topic)
                 if message is not None:
                     self._on_envelope(info.device, decode_envelope_signed(message), topic)
             elif info.kind == "inbox" and info.device == self.device_id:
                 self._on_inbox(info.peer, topic, payload)
+        except QuotaError as exc:
+            self.ledger.counts.rejected_quota += 1
+            self._reject(f"refused a message on {topic}: {exc}")
         except MeshflError as exc:
             if kind in ("delta", "inbox"):  # a chunk or envelope that did not decode
                 self.ledger.counts.rejected_malformed += 1
             self._reject(f"dropped a message on {topic}: {exc}")
 
+    def _on_handler_error(self, topic: str, exc: Exception) -> None:
+        self.ledger.counts.rejected_malformed += 1
+        super()._on_handler_error(topic, exc)
+
+    def _on_queue_full(self, dropped: int) -> None:
+        self.ledger.counts.rejected_quota += dropped
+        super()._on_queue_full(dropped)
+
     def _on_inbox(self, peer: str | None, topic: str, payload: bytes) -> None:
         """A neighbour's repair request, or its message re-sent on request (the outbox)."""
-        request = parse_repair_request(payload)
-        if request is not None:
-            job, after = request
-            if job == self.job_id and peer in self.peers:
-                self._on_repair_request(peer, after)
+        if is_repair_request(payload):
+            request = decode_repair_request(payload)
+            if request.job == self.job_id and peer in self.peers:
+                self._on_repair_request(peer, request.after)
             else:
                 self.stats.foreign += 1
             return
-        message = self._reassembler.feed(payload)
+        message = self._reassembler.feed(payload, peer or "", topic)
         if message is not None:
             self._on_envelope(peer, decode_envelope_signed(message), topic)
 
@@ -267,28 +293,21 @@ class Inbox(Mailbox):
         raise NotImplementedError
 
     def _on_control(self, payload: bytes) -> None:
-        try:
-            message = json.loads(payload)
-        except ValueError:
-            if payload:
-                self.stats.rejected += 1
+        if not payload:  # a deleted retained message
             return
-        if isinstance(message, dict) and message.get("job") == self.job_id:
+        message = decode_control(payload)  # PayloadError: rejected and counted
+        if message.job == self.job_id:
             self.control.append(message)
 
     def _on_status(self, device: str | None, payload: bytes) -> None:
         if device is None or device not in self._applied:
             return
         # An empty payload only deletes a retained status: it says nothing about liveness.
-        # Anything that is not a status object is ignored too (and counted).
-        try:
-            status = json.loads(payload)
-            state, job = status.get("state"), status.get("job")
-            need = status.get("need") or []
-        except (ValueError, AttributeError):
-            if payload:
-                self.stats.rejected += 1
+        # Anything that is not a status raises PayloadError: rejected and counted.
+        status = decode_status(payload)
+        if status is None:
             return
+        state, job, need = status.state, status.job, status.need
         if state == "offline" or (state == "declined" and job == self.job_id):
             self._offline.add(device)
             if state == "offline":  # a Last Will, perhaps a stopping broker's (engine)
@@ -296,9 +315,9 @@ class Inbox(Mailbox):
         elif state == "online" and job == self.job_id:
             self._offline.discard(device)
             self._ready.add(device)
-            if status.get("done") is True:
+            if status.done:
                 self._done.add(device)
-            if isinstance(need, list) and self.device_id in need and device in self.peers:
+            if self.device_id in need and device in self.peers:
                 self._keyframe_due = True
         elif state == "online" and device in self._ready:
             self._offline.add(device)  # it was in this job and has left it (done or stopped)
@@ -317,6 +336,13 @@ class Inbox(Mailbox):
             self.ledger.counts.rejected_other += 1
             self._reject(f"dropped a message from {env.sender!r} on {topic_device!r}'s topic")
             return
+        early_keyframe = self._round == 0 and env.kind == MessageKind.KEYFRAME
+        hold = env.round > self._round and not (self._catching_up or early_keyframe)
+        if self._round > 0 and env.round > self._round + MAX_ROUNDS_AHEAD:
+            self._refuse_quota(env, f"round {env.round} is past this device's window")
+            return
+        if hold and self._over_held_quota(env):
+            return
         if self.verifier is not None and self._stale_first_contact(env):
             self.stats.stale += 1  # too old to use (a replayed one would be refused alike)
             log.info("dropped %s's round %d: too old for a first message", env.sender, env.round)
@@ -332,13 +358,27 @@ class Inbox(Mailbox):
         self._heard.add(env.sender)
         if env.sender in self.peers:
             self.ledger.arrived(env.sender, env.sequence)
-        early_keyframe = self._round == 0 and env.kind == MessageKind.KEYFRAME
-        if env.round > self._round and not (self._catching_up or early_keyframe):
+        if hold:
             # A message of a later round waits for it; a keyframe before this device's
             # first round (asked for by a resumed or joining device) is its start state.
             self._held.setdefault(env.round, []).append(env)
         else:
             self._apply(env)
+
+    def _over_held_quota(self, env: Envelope) -> bool:
+        """Refuse ``env`` (True) if holding it takes its sender past its held quota."""
+        mine = [e for held in self._held.values() for e in held if e.sender == env.sender]
+        size = sum(_size(e) for e in mine)
+        if mine and (
+            len(mine) >= MAX_HELD_PER_SENDER or size + _size(env) > MAX_HELD_BYTES_PER_SENDER
+        ):
+            self._refuse_quota(env, f"{len(mine)} messages of {size} bytes already held")
+            return True
+        return False
+
+    def _refuse_quota(self, env: Envelope, why: str) -> None:
+        self.ledger.counts.rejected_quota += 1
+        self._reject(f"refused {env.sender}'s round {env.round} message: {why}")
 
     def _stale_first_contact(self, env: Envelope) -> bool:
         """A validly signed first message of a sender, older than this device can use.
@@ -453,3 +493,8 @@ class Inbox(Mailbox):
                 return  # still a hole: the keyframe requested repairs it
         self._early.pop(sender, None)
         self._withdraw(sender)
+
+
+def _size(env: Envelope) -> int:
+    """Tensor payload bytes of ``env``."""
+    return sum(len(t.payload) for t in env.tensors)

@@ -50,6 +50,7 @@ class LedgerCounts:
     rejected_replayed: int = 0
     rejected_stale: int = 0
     rejected_other: int = 0
+    rejected_quota: int = 0
     missing: int = 0
     awaiting_keyframe: int = 0
     delivered_late: int = 0

@@ -7,7 +7,7 @@ synchronous round the receiver would mix without its sender. So each device keep
 recent messages in an :class:`Outbox`, and a receiver that still lacks a neighbour's
 message while it waits for it asks for it again:
 
-- the **repair request** (:func:`repair_request`) is a small JSON object
+- the **repair request** (:func:`meshfl.wire.repair.encode_repair_request`) is a small JSON object
   ``{"job": JOB, "after": s}`` published on the sender's per-edge inbox topic
   ``meshfl/v1/{fleet}/node/{sender}/inbox/{receiver}``; ``s`` is the sequence number up
   to which the receiver holds every message of the sender. The broker's ACL lets a device
@@ -48,12 +48,10 @@ from pathlib import Path
 
 from meshfl.files import atomic_write
 
-__all__ = ["Outbox", "OutboxEntry", "parse_repair_request", "repair_request"]
+__all__ = ["Outbox", "OutboxEntry"]
 
 KEEP_ROUNDS = 3
 """Default rounds a message is kept for repair requests after the round it belongs to."""
-MAX_REQUEST_BYTES = 512
-"""Largest repair request read; anything longer is not one."""
 MAGIC = b"MFOB1\n"
 """First bytes of an outbox file."""
 
@@ -252,26 +250,3 @@ def _decode(data: bytes) -> OutboxEntry:
         chunks.append(body[at : at + n])
         at += n
     return OutboxEntry(round_, chunks, set(pending))
-
-
-def repair_request(job: str, after: int) -> bytes:
-    """The payload of a repair request: resend ``job``'s messages after sequence ``after``."""
-    return json.dumps({"job": job, "after": after}, separators=(",", ":")).encode()
-
-
-def parse_repair_request(payload: bytes) -> tuple[str, int] | None:
-    """``(job, after)`` of a repair request; ``None`` if ``payload`` is not one."""
-    if len(payload) > MAX_REQUEST_BYTES or not payload.startswith(b"{"):
-        return None
-    try:
-        body = json.loads(payload)
-    except ValueError:
-        return None
-    if not isinstance(body, dict):
-        return None
-    job, after = body.get("job"), body.get("after")
-    if not isinstance(job, str) or isinstance(after, bool) or not isinstance(after, int):
-        return None
-    if not 0 <= after < 2**64:
-        return None
-    return job, after

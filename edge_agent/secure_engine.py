@@ -32,22 +32,18 @@ than the rounds kept) are counted in
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 import numpy as np
 
-from edge_agent.mailbox import Mailbox
+from edge_agent.mailbox import MAX_ROUNDS_AHEAD, Mailbox
 from edge_agent.secagg.crypto import (
     JobKeys,
     ParsedBundle,
-    b64decode,
-    b64encode,
     combine_shares,
     mask_seed,
     open_sealed,
@@ -57,16 +53,7 @@ from edge_agent.secagg.crypto import (
     split_secret,
     verify_signature,
 )
-from edge_agent.secagg.holder import (
-    Reveal,
-    Share,
-    ShareHolder,
-    SharesMessage,
-    decode_reveal,
-    decode_shares,
-    encode_reveal,
-    encode_shares,
-)
+from edge_agent.secagg.holder import ShareHolder
 from edge_agent.signing import RejectLog, ReplayWindow, Verdict, Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import (
@@ -81,7 +68,7 @@ from meshfl.aggregation import (
     unpack_words,
 )
 from meshfl.contract import Declaration, SignedDeclaration
-from meshfl.errors import MeshflError, SecurityError, WireError
+from meshfl.errors import MeshflError, QuotaError, SecurityError, WireError
 from meshfl.wire import (
     DType,
     Envelope,
@@ -96,22 +83,35 @@ from meshfl.wire import (
     split_message,
     status_topic,
 )
+from meshfl.wire.control import ControlMessage
+from meshfl.wire.secagg import (
+    SignedRequest,
+    decode_body,
+    decode_mask_set,
+    encode_declaration,
+    encode_mask_set,
+    encode_request,
+    encode_sealed,
+)
 from meshfl.wire.serde import DecodedEnvelope, Sign, decode_envelope_signed, encode_envelope
+from meshfl.wire.shares import (
+    Reveal,
+    Share,
+    SharesMessage,
+    decode_sealed,
+    encode_reveal,
+    encode_shares,
+)
+from meshfl.wire.status import decode_status, encode_status
 
-__all__ = ["Directory", "SecureEngine", "SecureStats", "canonical_declaration"]
+__all__ = ["Directory", "SecureEngine", "SecureStats"]
 
 log = logging.getLogger("meshfl.agent.secure")
 
 SECURE_TAG = 0
 """Codec tag of a masked input's payload (b-bit words, tightly packed) and of a body."""
-_MAX_BODY = 4 * 1024 * 1024
 _KEEP_ROUNDS = 4
 """Rounds of shares, instances and pending contributions kept for late messages."""
-
-
-def canonical_declaration(declaration: Mapping[str, Any]) -> bytes:
-    """The bytes the coordinator signs: sorted-key compact JSON of the declaration."""
-    return json.dumps(dict(declaration), sort_keys=True, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ class SecureEngine(Mailbox):
         ) - {device_id}
         self.stats = SecureStats()
         self.holder = ShareHolder(device_id)
-        self.control: list[dict[str, Any]] = []  # the job runner reads it like GossipEngine's
+        self.control: list[ControlMessage] = []  # the job runner reads it like GossipEngine's
         self._reassembler = Reassembler(timeout_s=max(60.0, 4 * deadline_s))
         self._sequence = 0
         self._seen: dict[str, set[int]] = {}  # sender -> sequence numbers handled
@@ -265,7 +265,7 @@ class SecureEngine(Mailbox):
         self.transport.subscribe(inbox_filter(self.fleet, self.device_id), qos=1)
         for peer in sorted(self.correspondents):
             self.transport.subscribe(status_topic(self.fleet, peer), qos=1)
-        self._status({"state": "online", "job": self.job_id, "round": 0})
+        self._status(encode_status("online", self.job_id, 0))
 
     def wait_ready(self, timeout_s: float) -> list[str]:
         """Wait until every correspondent announced this job (or is offline).
@@ -282,11 +282,11 @@ class SecureEngine(Mailbox):
 
     def leave(self) -> None:
         """Announce that this device left the job."""
-        self._status({"state": "online", "job": None, "round": None})
+        self._status(encode_status("online"))
 
-    def _status(self, body: dict[str, Any]) -> None:
+    def _status(self, payload: bytes) -> None:
         topic = status_topic(self.fleet, self.device_id)
-        self.transport.publish(topic, json.dumps(body).encode(), qos=1, retain=True)
+        self.transport.publish(topic, payload, qos=1, retain=True)
 
     # -- one round --------------------------------------------------------------------
 
@@ -421,7 +421,7 @@ class SecureEngine(Mailbox):
                 SECURE_TAG,
                 pack_words(masked, bits),
             )
-            listed = json.dumps(masked_with).encode()
+            listed = encode_mask_set(masked_with)
             peers = TensorEntry("masked_with", (len(listed),), DType.UINT8, SECURE_TAG, listed)
             self._send(aggregator, MessageKind.SECURE_INPUT, round_, (words, peers))
 
@@ -478,16 +478,13 @@ class SecureEngine(Mailbox):
         for chunk in split_message(message, env.message_id, size):
             self.transport.publish(topic, chunk, qos=1)
 
-    def _send_body(self, dst: str, round_: int, body: Mapping[str, Any]) -> None:
-        data = json.dumps(body, separators=(",", ":")).encode()
+    def _send_body(self, dst: str, round_: int, data: bytes) -> None:
         entry = TensorEntry("body", (len(data),), DType.UINT8, SECURE_TAG, data)
         self._send(dst, MessageKind.SECAGG, round_, (entry,))
 
     def _send_sealed(self, dst: str, round_: int, plaintext: bytes) -> None:
         aad = seal_aad(self.job_id, round_, self.device_id, dst)
-        self._send_body(
-            dst, round_, {"sealed": b64encode(seal(self._key_for(dst), plaintext, aad))}
-        )
+        self._send_body(dst, round_, encode_sealed(seal(self._key_for(dst), plaintext, aad)))
 
     def _key_for(self, peer: str) -> bytes:
         key = self._share_keys.get(peer)
@@ -502,7 +499,7 @@ class SecureEngine(Mailbox):
             if info.kind == "status":
                 self._on_status(info.device, payload)
             elif info.kind == "inbox" and info.device == self.device_id:
-                message = self._reassembler.feed(payload)
+                message = self._reassembler.feed(payload, info.peer or "", topic)
                 if message is not None:
                     decoded = decode_envelope_signed(message)
                     if self._authentic(decoded, info.peer, topic):
@@ -528,11 +525,10 @@ class SecureEngine(Mailbox):
     def _on_status(self, device: str | None, payload: bytes) -> None:
         if device is None or device not in self.correspondents:
             return
-        try:
-            status = json.loads(payload)
-            state, job = status.get("state"), status.get("job")
-        except (ValueError, AttributeError):
+        status = decode_status(payload)  # PayloadError: rejected and counted
+        if status is None:  # a deleted retained status
             return
+        state, job = status.state, status.job
         if state == "offline" or (state == "declined" and job == self.job_id):
             self._offline.add(device)
         elif state == "online" and job == self.job_id:
@@ -550,6 +546,8 @@ class SecureEngine(Mailbox):
         if env.sequence in seen:
             return  # a duplicate delivery
         seen.add(env.sequence)
+        if env.round > self._round + MAX_ROUNDS_AHEAD:  # never held (a round near 2**32)
+            raise QuotaError(f"{src}'s round {env.round} is past this device's window")
         if env.round > self._round and env.kind == MessageKind.SECURE_INPUT:
             self._future.setdefault(env.round, []).append((src, env))
         elif env.kind == MessageKind.SECURE_INPUT:
@@ -581,8 +579,8 @@ class SecureEngine(Mailbox):
             return
         if src in instance.inputs:
             raise WireError(f"{src} sent a second masked input for round {env.round}")
-        masked_with = json.loads(env.tensors[1].payload)
-        if not isinstance(masked_with, list) or not set(masked_with) <= set(instance.members):
+        masked_with = decode_mask_set(env.tensors[1].payload)
+        if not set(masked_with) <= set(instance.members):
             raise WireError(f"{src}'s mask set is not a subset of this neighbourhood")
         indices = self._indices(env.round, self.device_id)
         n = self.algorithm.flat_size if indices is None else len(indices)
@@ -591,48 +589,39 @@ class SecureEngine(Mailbox):
         instance.masked_with[src] = frozenset(masked_with) - {src}
 
     def _on_body(self, src: str, env: Envelope) -> None:
-        if len(env.tensors) != 1 or len(env.tensors[0].payload) > _MAX_BODY:
+        if len(env.tensors) != 1:
             raise WireError("a protocol message has exactly one body tensor")
-        body = json.loads(env.tensors[0].payload)
-        if not isinstance(body, dict):
-            raise WireError("a protocol message body must be a JSON object")
-        if body.get("type") == "request":
-            self._requests.append((src, self._check_declaration(src, body.get("signed"))))
+        body = decode_body(env.tensors[0].payload)
+        if isinstance(body, SignedRequest):
+            self._requests.append((src, self._check_declaration(src, body)))
             return
         aad = seal_aad(self.job_id, env.round, src, self.device_id)
-        plain = open_sealed(self._key_for(src), b64decode(body.get("sealed"), "sealed body"), aad)
-        kind = json.loads(plain).get("type")
-        if kind == "shares":
-            message = decode_shares(plain)
+        message = decode_sealed(open_sealed(self._key_for(src), body.ciphertext, aad))
+        if isinstance(message, SharesMessage):
             if message.owner != src or message.round != env.round:
                 raise WireError(f"{src} sent shares that name another owner or round")
             if not set(message.shares) <= set(self.neighbours):
                 raise WireError(f"{src} sent shares for an aggregator that is not a neighbour")
             self.holder.store_message(message)
-        elif kind == "reveal":
-            reveal = decode_reveal(plain)
+        else:
+            reveal = message
             if reveal.aggregator != self.device_id or reveal.round != env.round:
                 raise WireError(f"{src} sent a reveal for another instance")
             self._on_reveal(src, reveal)
-        else:
-            raise WireError(f"unknown protocol message type {kind!r}")
 
-    def _check_declaration(self, src: str, signed: object) -> Declaration:
+    def _check_declaration(self, src: str, request: SignedRequest) -> Declaration:
         """The declaration of a REQUEST, verified against the coordinator's key."""
-        if not isinstance(signed, dict) or not isinstance(signed.get("declaration"), dict):
-            raise WireError("a request carries a signed declaration")
-        declaration = signed["declaration"]
-        signature = b64decode(signed.get("signature"), "declaration signature", 64)
+        declaration = request.declaration
         verify_signature(
-            self.directory.coordinator_key, canonical_declaration(declaration), signature
+            self.directory.coordinator_key, encode_declaration(declaration), request.signature
         )
         if (
-            declaration.get("aggregator") != src
-            or declaration.get("job") != self.job_id
+            declaration["aggregator"] != src
+            or declaration["job"] != self.job_id
             or src not in self.neighbours
         ):
             raise SecurityError(f"{src} forwarded a declaration that is not its own")
-        return cast(Declaration, declaration)
+        return declaration
 
     # -- holder -----------------------------------------------------------------------
 
@@ -709,7 +698,8 @@ class SecureEngine(Mailbox):
         if dropped:
             log.info("round %d: %s dropped out of this neighbourhood", round_, ", ".join(dropped))
         for member in instance.members:
-            self._send_body(member, round_, {"type": "request", "signed": dict(signed)})
+            body = encode_request(signed["declaration"], signed["signature"])
+            self._send_body(member, round_, body)
         if instance.declaration["aborted"]:
             self.stats.aborted += 1
             instance.done = True

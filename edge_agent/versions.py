@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from meshfl.contract import Assignment
 from meshfl.errors import TopologyError
 from meshfl.topology import Graph, mixing_matrix, one_peer_exponential
+from meshfl.wire.control import ControlMessage
 
 __all__ = ["TopologyVersion"]
 
@@ -57,40 +57,38 @@ class TopologyVersion:
 
     @classmethod
     def from_control(
-        cls, message: Mapping[str, Any], device_id: str, mixing: str
+        cls, message: ControlMessage, device_id: str, mixing: str
     ) -> TopologyVersion | None:
-        """The version of a control-topic message, or ``None`` if it is malformed.
+        """The version of a decoded control message, or ``None`` if its graph is invalid.
 
-        The message carries the graph (``devices``, ``edges``), not W: this device's row
-        is row ``position`` of :func:`meshfl.topology.mixing_matrix` under ``mixing``, the
+        The message (:func:`meshfl.wire.control.decode_control`, which checked its
+        fields) carries the graph (``devices``, ``edges``), not W: this device's row is
+        row ``position`` of :func:`meshfl.topology.mixing_matrix` under ``mixing``, the
         same function and inputs the coordinator used, so the weights are identical to
         the assignment's.
         """
-        try:
-            devices = tuple(str(d) for d in message["devices"])
-            position = devices.index(device_id) if device_id in devices else -1
-            neighbours: dict[str, float] = {}
-            self_weight = 1.0
-            if position >= 0:
-                edges = frozenset(
-                    (min(int(i), int(j)), max(int(i), int(j))) for i, j in message["edges"]
-                )
-                graph = Graph(len(devices), edges)
+        devices = message.devices
+        position = devices.index(device_id) if device_id in devices else -1
+        neighbours: dict[str, float] = {}
+        self_weight = 1.0
+        if position >= 0:
+            try:
+                graph = Graph(len(devices), frozenset(message.edges))
                 row = mixing_matrix(graph, mixing)[position]
-                neighbours = {devices[j]: float(row[j]) for j in graph.neighbours(position)}
-                self_weight = float(row[position])
-            return cls(
-                version=int(message["version"]),
-                from_round=int(message["from_round"]),
-                kind=str(message["kind"]),
-                mixing=mixing,
-                devices=devices,
-                position=position,
-                neighbours=neighbours,
-                self_weight=self_weight,
-            )
-        except (KeyError, IndexError, TypeError, ValueError, TopologyError):
-            return None
+            except TopologyError:
+                return None
+            neighbours = {devices[j]: float(row[j]) for j in graph.neighbours(position)}
+            self_weight = float(row[position])
+        return cls(
+            version=message.version,
+            from_round=message.from_round,
+            kind=str(message.kind),
+            mixing=mixing,
+            devices=devices,
+            position=position,
+            neighbours=neighbours,
+            self_weight=self_weight,
+        )
 
     @property
     def removed(self) -> bool:

@@ -571,6 +571,9 @@ class RoundLedger(TypedDict):
     rejected_replayed: int
     rejected_stale: int  # a D-PSGD model older than the one held
     rejected_other: int  # misrouted, from a former peer, or not fitting the model
+    # refused before being held: a round past the window, over the sender's quota, a full
+    # receive queue (edge_agent.mailbox); absent from older agents
+    rejected_quota: NotRequired[int]
     missing: int  # sequence numbers skipped: a later one of the same sender came first
     awaiting_keyframe: int  # arrived, but the sender's replica needs a keyframe first
     # missing or awaiting messages applied after all (late); absent from older agents: 0

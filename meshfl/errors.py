@@ -10,7 +10,11 @@ translated into this tree at the one place that talks to the library::
     │   └── CodecSpecError     an invalid codec spec string
     ├── WireError              bytes that are not a valid meshfl message
     │   ├── ChecksumError      a chunk or envelope whose CRC-32 does not match
-    │   └── VersionError       a wire version this build does not speak
+    │   ├── VersionError       a wire version this build does not speak
+    │   ├── PayloadError       a JSON payload (status, control, repair, secure aggregation)
+    │   │                      that is too large, too deep, not JSON or not the right shape
+    │   └── QuotaError         a well-formed message refused by a bound (round window,
+    │                          the sender's quota, a full receive queue)
     ├── CodecError             a tensor that cannot be encoded/decoded (NaN, inf, bad payload)
     ├── TopologyError          a graph or mixing matrix that violates an invariant
     ├── TransportError         the broker cannot be reached or refused us (transient or not)
@@ -37,6 +41,8 @@ __all__ = [
     "DataError",
     "Interrupted",
     "MeshflError",
+    "PayloadError",
+    "QuotaError",
     "SecurityError",
     "TopologyError",
     "TransportError",
@@ -75,6 +81,24 @@ class ChecksumError(WireError):
 
 class VersionError(WireError):
     """A message in a wire version this build does not speak."""
+
+
+class PayloadError(WireError):
+    """A JSON payload that is not the message it claims to be.
+
+    Raised by every JSON decoder of :mod:`meshfl.wire` (status, control, repair request,
+    secure-aggregation bodies, the signed declaration) for input over its byte or nesting
+    bound, not UTF-8 JSON, with a duplicate key, or of the wrong shape; never a
+    ``RecursionError``, ``KeyError``, ``TypeError`` or ``ValueError``.
+    """
+
+
+class QuotaError(WireError):
+    """A well-formed message refused by a bound that keeps a receiver's memory in check.
+
+    A round outside the job's window, a sender over its share of held bytes or partial
+    messages, a full receive queue: the message is dropped and counted, never held.
+    """
 
 
 class CodecError(MeshflError):

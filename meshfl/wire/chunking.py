@@ -4,6 +4,12 @@ Every message travels as one or more chunks (see :mod:`meshfl.wire.serde` for th
 layout), each at most ``max_payload`` bytes including its header and CRC-32, so managed
 brokers with small packet limits work. :class:`Reassembler` puts them back together in
 any order, ignores duplicates and replays, and is bounded in memory and time.
+
+A partial message is keyed by ``(sender, topic, message id)``: a message id copied from
+an honest message by anyone else (another sender, another topic) is a different
+message and cannot disturb it. Each sender has its own quota of partial messages and
+held bytes; a chunk past it is refused (:class:`~meshfl.errors.QuotaError`), so one
+flooding sender cannot evict everyone else's messages.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from meshfl.errors import ConfigError, WireError
+from meshfl.errors import ConfigError, QuotaError, WireError
 from meshfl.wire.envelope import Envelope
 from meshfl.wire.serde import CHUNK_OVERHEAD, decode_chunk, encode_chunk, encode_envelope
 
@@ -94,7 +100,8 @@ class ReassemblyStats:
 
     ``completed`` messages returned; ``duplicates`` chunks ignored (already held, or of a
     recently completed message); ``expired`` and ``evicted`` partial messages dropped for
-    age or for memory; ``rejected`` chunks that raised :class:`~meshfl.errors.WireError`;
+    age or for memory; ``rejected`` chunks that raised :class:`~meshfl.errors.WireError`
+    (``refused`` of them a :class:`~meshfl.errors.QuotaError`: over the sender's quota);
     ``pending_messages`` partial messages held, ``pending_bytes`` body bytes they hold.
     """
 
@@ -103,12 +110,17 @@ class ReassemblyStats:
     expired: int = 0
     evicted: int = 0
     rejected: int = 0
+    refused: int = 0
     pending_messages: int = 0
     pending_bytes: int = 0
 
 
+_Key = tuple[str, str, bytes]  # (sender, topic, message id)
+
+
 @dataclass
 class _Partial:
+    sender: str
     count: int
     total: int
     last_seen: float
@@ -131,12 +143,20 @@ class Reassembler:
         is dropped (on every :meth:`feed` and by :meth:`expire`).
     clock : callable, default time.monotonic
         Returns the current time in seconds; inject a fake one in tests.
+    sender_messages : int, default 64
+        Most partial messages held for one sender (see :meth:`feed`).
+    sender_bytes : int, default 128 MiB
+        Most body bytes held for one sender; a chunk announcing a longer message is
+        refused too.
 
     Notes
     -----
     When holding a new chunk would exceed ``max_messages`` or ``max_bytes``, the oldest
-    partial message (the one least recently fed a new chunk) is evicted first. Ids of
-    the last 4096 completed messages are remembered so late duplicates are ignored.
+    partial message (the one least recently fed a new chunk) is evicted first. A chunk
+    that would take its sender past ``sender_messages`` or ``sender_bytes`` is refused
+    instead (:class:`~meshfl.errors.QuotaError`): a sender's flood costs only itself.
+    Keys of the last 4096 completed messages are remembered so late duplicates are
+    ignored.
 
     """
 
@@ -146,16 +166,20 @@ class Reassembler:
         max_bytes: int = 256 * 2**20,
         timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        sender_messages: int = 64,
+        sender_bytes: int = 128 * 2**20,
     ) -> None:
-        if max_messages < 1 or max_bytes < 1 or not timeout_s > 0:
-            raise ConfigError("max_messages, max_bytes and timeout_s must all be positive")
+        if min(max_messages, max_bytes, sender_messages, sender_bytes) < 1 or not timeout_s > 0:
+            raise ConfigError("the message, byte and time bounds must all be positive")
         self._max_messages, self._max_bytes, self._timeout = max_messages, max_bytes, timeout_s
+        self._sender_messages, self._sender_bytes = sender_messages, sender_bytes
         self._clock = clock
-        self._partials: OrderedDict[bytes, _Partial] = OrderedDict()  # least recent first
-        self._completed: OrderedDict[bytes, None] = OrderedDict()
+        self._partials: OrderedDict[_Key, _Partial] = OrderedDict()  # least recent first
+        self._completed: OrderedDict[_Key, None] = OrderedDict()
         self._bytes = 0
+        self._held: dict[str, list[int]] = {}  # sender → [partial messages, body bytes]
         self._counts = dict.fromkeys(
-            ("completed", "duplicates", "expired", "evicted", "rejected"), 0
+            ("completed", "duplicates", "expired", "evicted", "rejected", "refused"), 0
         )
 
     @property
@@ -177,14 +201,26 @@ class Reassembler:
         self._counts["expired"] += dropped
         return dropped
 
-    def feed(self, chunk: bytes) -> bytes | None:
+    def feed(self, chunk: bytes, sender: str = "", topic: str = "") -> bytes | None:
         """Take one chunk; return the whole message when its last missing chunk arrives.
+
+        Parameters
+        ----------
+        chunk : bytes
+            One chunk frame.
+        sender, topic : str, default ""
+            Who sent it (the device id its topic names) and on which topic: a message is
+            reassembled from the chunks of one ``(sender, topic, message id)``, and
+            ``sender`` is charged the quota.
 
         Returns ``None`` while the message is incomplete and for ignored chunks
         (duplicates, chunks of a recently completed message).
 
         Raises
         ------
+        QuotaError
+            For a chunk that would take ``sender`` past ``sender_messages`` partial
+            messages or ``sender_bytes`` held bytes.
         WireError
             For a chunk that does not decode (bad CRC, truncated, garbage), that
             contradicts earlier chunks of its message (count, total or sizes), or that
@@ -193,19 +229,26 @@ class Reassembler:
         """
         self.expire()
         try:
-            return self._feed(chunk)
-        except WireError:
+            return self._feed(chunk, sender, topic)
+        except WireError as exc:
             self._counts["rejected"] += 1
+            if isinstance(exc, QuotaError):
+                self._counts["refused"] += 1
             raise
 
-    def _feed(self, data: bytes) -> bytes | None:
+    def _feed(self, data: bytes, sender: str, topic: str) -> bytes | None:
         c = decode_chunk(data)
-        if c.message_id in self._completed:
+        key = (sender, topic, c.message_id)
+        if key in self._completed:
             self._counts["duplicates"] += 1
             return None
         if c.total > self._max_bytes:
             raise WireError(f"message of {c.total} bytes exceeds max_bytes={self._max_bytes}")
-        part = self._partials.get(c.message_id)
+        if c.total > self._sender_bytes:
+            raise QuotaError(
+                f"message of {c.total} bytes exceeds {sender!r}'s quota of {self._sender_bytes}"
+            )
+        part = self._partials.get(key)
         if part is not None and (part.count, part.total) != (c.count, c.total):
             raise WireError(
                 f"chunk {c.index}/{c.count} of {c.total} bytes contradicts earlier chunks "
@@ -214,37 +257,54 @@ class Reassembler:
         if part is not None and c.index in part.bodies:
             self._counts["duplicates"] += 1
             return None
-        self._make_room(c.message_id, len(c.body), new=part is None)
+        held = self._held.get(sender, [0, 0])
+        if (part is None and held[0] >= self._sender_messages) or (
+            held[1] + len(c.body) > self._sender_bytes
+        ):
+            raise QuotaError(
+                f"{sender!r} holds {held[0]} partial messages of {held[1]} bytes: over its quota"
+                f" ({self._sender_messages} messages, {self._sender_bytes} bytes)"
+            )
+        self._make_room(key, len(c.body), new=part is None)
         if part is None:
-            part = self._partials[c.message_id] = _Partial(c.count, c.total, self._clock())
+            part = self._partials[key] = _Partial(sender, c.count, c.total, self._clock())
+            held = self._held.setdefault(sender, [0, 0])
+            held[0] += 1
         part.bodies[c.index] = c.body
         part.size += len(c.body)
         part.last_seen = self._clock()
         self._bytes += len(c.body)
-        self._partials.move_to_end(c.message_id)
+        held[1] += len(c.body)
+        self._partials.move_to_end(key)
         if part.size > part.total or (len(part.bodies) == part.count and part.size != part.total):
-            self._drop(c.message_id)
+            self._drop(key)
             raise WireError(f"chunk sizes of message {c.message_id.hex()} do not add up")
         if len(part.bodies) < part.count:
             return None
-        self._drop(c.message_id)
-        self._completed[c.message_id] = None
+        self._drop(key)
+        self._completed[key] = None
         if len(self._completed) > REMEMBERED_COMPLETED:
             self._completed.popitem(last=False)
         self._counts["completed"] += 1
         return b"".join(part.bodies[i] for i in range(part.count))
 
-    def _make_room(self, message_id: bytes, size: int, *, new: bool) -> None:
+    def _make_room(self, key: _Key, size: int, *, new: bool) -> None:
         """Evict the oldest other partial messages until ``size`` more bytes fit."""
         while True:
             over_count = new and len(self._partials) >= self._max_messages
             if not over_count and self._bytes + size <= self._max_bytes:
                 return
-            victim = next((k for k in self._partials if k != message_id), None)
+            victim = next((k for k in self._partials if k != key), None)
             if victim is None:
                 return
             self._drop(victim)
             self._counts["evicted"] += 1
 
-    def _drop(self, message_id: bytes) -> None:
-        self._bytes -= self._partials.pop(message_id).size
+    def _drop(self, key: _Key) -> None:
+        part = self._partials.pop(key)
+        self._bytes -= part.size
+        held = self._held[part.sender]
+        held[0] -= 1
+        held[1] -= part.size
+        if held[0] == 0:
+            del self._held[part.sender]

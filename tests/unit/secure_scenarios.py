@@ -18,11 +18,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from edge_agent.secagg.crypto import IdentityKey, JobKeys, verify_bundle
-from edge_agent.secure_engine import Directory, SecureEngine, canonical_declaration
+from edge_agent.secure_engine import Directory, SecureEngine
 from edge_agent.transport.base import Message, Transport
 from meshfl.aggregation import Contribution, FixedPoint, SecureChoco
 from meshfl.contract import Declaration, SignedDeclaration
 from meshfl.wire import status_topic
+from meshfl.wire.secagg import encode_declaration
 
 FLEET, JOB = "lab", "job-secure"
 
@@ -43,7 +44,7 @@ class Coordinator:
         self.lock = threading.Lock()
 
     def sign(self, declaration: Declaration) -> SignedDeclaration:
-        signature = self.key.sign(canonical_declaration(declaration))
+        signature = self.key.sign(encode_declaration(declaration))
         return {"declaration": declaration, "signature": base64.b64encode(signature).decode()}
 
     def declare(self, declaration: Declaration) -> SignedDeclaration:

@@ -26,6 +26,7 @@ from meshfl.topology import (
     spectral_gap,
     uniform_weights,
 )
+from meshfl.wire.control import decode_control
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -355,7 +356,8 @@ def test_each_agent_computes_the_assignments_row_of_w_from_the_control_message(
 
     assert "W" not in started  # the graph, not the N x N matrix
     for device in ids:
-        pushed = TopologyVersion.from_control(started, device, "metropolis-hastings")
+        message = decode_control(json.dumps(started).encode())
+        pushed = TopologyVersion.from_control(message, device, "metropolis-hastings")
         polled = TopologyVersion.from_assignment(fleet.assignment(device).json())
         assert pushed == polled  # the same weights, to the last bit
 

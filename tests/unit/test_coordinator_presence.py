@@ -15,8 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator import CoordinatorSettings, create_app
 from coordinator.presence import (
-    MAX_JOB_CHARS,
-    MAX_STATUS_BYTES,
     OnlineStatus,
     Presence,
     online_status,
@@ -24,6 +22,9 @@ from coordinator.presence import (
 from meshfl.cli import servers
 from meshfl.errors import TransportError
 from meshfl.wire import status_filter, status_topic
+from meshfl.wire.status import MAX_STATUS_BYTES
+
+MAX_JOB_CHARS = 64  # job ids follow the wire id rule (meshfl.wire.validate_id)
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -121,6 +122,13 @@ BAD = {
     "round a str": (status_topic("lab", "a"), b'{"state": "online", "job": "j", "round": "3"}'),
     "too deep": (status_topic("lab", "a"), b"[" * 50_000),
     "job too long": (status_topic("lab", "a"), status("online", "j" * (MAX_JOB_CHARS + 1), 1)),
+    "job not an id": (status_topic("lab", "a"), status("online", "job/1", 1)),
+    "unknown field": (status_topic("lab", "a"), b'{"state": "online", "extra": 1}'),
+    "duplicate key": (status_topic("lab", "a"), b'{"state": "online", "state": "offline"}'),
+    "nested need": (
+        status_topic("lab", "a"),
+        b'{"state": "online", "need": [[[[[[[[["a"]]]]]]]]]}',
+    ),
     "bad device id": ("meshfl/v1/lab/node/" + "d" * 65 + "/status", status("online")),
     "too large": (status_topic("lab", "a"), b" " * MAX_STATUS_BYTES + status("offline")),
 }
@@ -141,7 +149,7 @@ def test_a_bad_message_is_counted_and_ignored(
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
 
 
-def test_a_status_carries_a_job_of_at_most_max_job_chars() -> None:
+def test_a_status_carries_a_job_id_of_at_most_max_job_chars() -> None:
     # Anyone on an anonymous broker can publish statuses: a long job string would let
     # each of the MAX_DEVICES records hold up to MAX_STATUS_BYTES.
     presence = Presence("lab", clock=FakeClock(10.0))

@@ -188,12 +188,12 @@ def test_a_declined_status_for_this_job_ends_the_wait_early(bus: MemoryBroker) -
 
     from gossip_scenarios import FLEET, JOB
 
-    from edge_agent.engine import status_payload
     from meshfl.wire import status_topic
+    from meshfl.wire.status import encode_status
 
     decliner = MemoryTransport(bus)
     decliner.connect("dev-2")
-    decliner.publish(status_topic(FLEET, "dev-2"), status_payload("declined", JOB), retain=True)
+    decliner.publish(status_topic(FLEET, "dev-2"), encode_status("declined", JOB), retain=True)
     started = time.monotonic()
 
     _, missing, _ = run_engines(

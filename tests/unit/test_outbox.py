@@ -12,10 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.engine import GossipEngine
-from edge_agent.outbox import Outbox, parse_repair_request, repair_request
+from edge_agent.outbox import Outbox
 from edge_agent.transport.base import Message
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
+from meshfl.errors import PayloadError
 from meshfl.wire import parse_topic, status_topic
+from meshfl.wire.repair import RepairRequest, decode_repair_request, encode_repair_request
 
 
 class LosingTransport(MemoryTransport):
@@ -106,7 +108,9 @@ def test_the_byte_bound_drops_the_oldest_but_keeps_the_newest() -> None:
 
 
 def test_requests_round_trip() -> None:
-    assert parse_repair_request(repair_request("job-1", 41)) == ("job-1", 41)
+    payload = encode_repair_request("job-1", 41)
+    assert payload == b'{"job":"job-1","after":41}'  # golden bytes
+    assert decode_repair_request(payload) == RepairRequest("job-1", 41)
 
 
 @pytest.mark.parametrize(
@@ -122,16 +126,23 @@ def test_requests_round_trip() -> None:
         b'{"job": "j", "after": 18446744073709551616}',
         b'{"job": "j", "after": 1.5}',
         b'{"job": "j", "after": 1' + b" " * 600 + b"}",
+        b'{"job": "j", "after": 1, "job": "k"}',
+        b'{"job": "j", "after": [[[1]]]}',
+        b'{"job": "j/k", "after": 1}',
     ],
 )
-def test_anything_else_is_not_a_request(payload: bytes) -> None:
-    assert parse_repair_request(payload) is None
+def test_anything_else_is_refused_with_a_payload_error(payload: bytes) -> None:
+    with pytest.raises(PayloadError):
+        decode_repair_request(payload)
 
 
 @given(st.binary(max_size=600))
-def test_arbitrary_bytes_never_raise(payload: bytes) -> None:
-    result = parse_repair_request(payload)
-    assert result is None or (isinstance(result[0], str) and result[1] >= 0)
+def test_arbitrary_bytes_raise_nothing_but_a_payload_error(payload: bytes) -> None:
+    try:
+        result = decode_repair_request(payload)
+    except PayloadError:
+        return
+    assert isinstance(result.job, str) and 0 <= result.after < 2**64
 
 
 # -- the outbox on disk ------------------------------------------------------------

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from secure_scenarios import JOB, Device, build_fleet, complete_graph, run_rounds
 
-from edge_agent.secure_engine import SecureEngine, canonical_declaration
+from edge_agent.secure_engine import SecureEngine
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
 from meshfl.aggregation import pack_words
 from meshfl.wire import MessageKind
+from meshfl.wire.secagg import encode_declaration, encode_request
 
 
 @pytest.fixture
@@ -185,11 +186,8 @@ def test_a_request_with_a_forged_declaration_is_rejected(bus: MemoryBroker) -> N
 
     fake = {"job": JOB, "round": 1, "aggregator": "dev-1", "survivors": ["dev-0"],
             "dropped": ["dev-2"], "aborted": False}  # fmt: skip
-    signature = Ed25519PrivateKey.generate().sign(canonical_declaration(fake))
-    body = {
-        "type": "request",
-        "signed": {"declaration": fake, "signature": base64.b64encode(signature).decode()},
-    }
+    signature = Ed25519PrivateKey.generate().sign(encode_declaration(fake))
+    body = encode_request(fake, base64.b64encode(signature).decode())
     forger.engine._send_body("dev-0", 1, body)  # fmt: skip
     rejected = victim.engine.stats.rejected
     victim.engine.drain(0.5)

@@ -8,16 +8,16 @@ import json
 import pytest
 
 from edge_agent.secagg.crypto import combine_shares, split_secret
-from edge_agent.secagg.holder import (
+from edge_agent.secagg.holder import ShareHolder
+from meshfl.errors import SecurityError, WireError
+from meshfl.wire.shares import (
     Reveal,
-    ShareHolder,
     SharesMessage,
     decode_reveal,
     decode_shares,
     encode_reveal,
     encode_shares,
 )
-from meshfl.errors import SecurityError, WireError
 
 
 def _share(index: int, fill: int) -> tuple[int, bytes]:
