@@ -195,3 +195,30 @@ def test_only_the_mqtt_transport_imports_paho() -> None:
             if base == "paho" or base.startswith("paho."):
                 offenders.append(f"{path.relative_to(ROOT)} imports {base}")
     assert not offenders, "paho outside edge_agent/transport: " + "; ".join(offenders)
+
+
+def test_each_typer_app_has_its_own_name() -> None:
+    # Two `topology_app`s (meshfl topology, meshfl fleet topology) read as one in a grep.
+    owners: dict[str, list[str]] = {}
+    for path in _source_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) == "typer.Typer"
+            ):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        owners.setdefault(target.id, []).append(_module_name(path))
+    shared = {name: mods for name, mods in owners.items() if len(mods) > 1}
+    assert not shared, f"Typer apps sharing a name (rename one): {shared}"
+
+
+def test_each_probe_module_says_what_it_probes() -> None:
+    vague = [
+        str(p.relative_to(ROOT))
+        for p in _source_files()
+        if p.stem.strip("_") in ("probe", "netprobe")
+    ]
+    assert not vague, f"name what these probe (capability_probe, link_probe, ...): {vague}"
