@@ -18,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("meshfl", "edge_agent", "coordinator", "broker", "models")
+APPS = ("edge_agent", "coordinator", "broker", "models")
+# The composition root inside the meshfl folder: everything else there is the kernel.
+COMPOSITION_ROOT = ("meshfl.cli", "meshfl.local", "meshfl.bench")
 MAX_LINES = 500
 
 # Modules over MAX_LINES today, each with its line count as a ceiling: an entry may only
@@ -220,3 +223,24 @@ def test_each_probe_module_says_what_it_probes() -> None:
         if p.stem.strip("_") in ("probe", "netprobe")
     ]
     assert not vague, f"name what these probe (capability_probe, link_probe, ...): {vague}"
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_the_kernel_imports_no_app_and_no_composition_root() -> None:
+    # import-linter cannot say "meshfl minus meshfl.app is the bottom layer" (a layer may
+    # not contain another); this checks it for every kernel module, new ones included.
+    # meshfl.__main__ (python -m meshfl) is the one kernel module that starts the CLI.
+    graph = import_graph()
+    offenders = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if _within(module, ("meshfl",))
+        and not _within(module, COMPOSITION_ROOT)
+        and module != "meshfl.__main__"
+        for target in sorted(targets)
+        if _within(target, APPS + COMPOSITION_ROOT)
+    ]
+    assert not offenders, "the kernel imports above itself: " + "; ".join(offenders)
