@@ -80,7 +80,7 @@ def run_agent(
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
     client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)
     try:
-        from edge_agent.probe import capability_profile
+        from edge_agent.capability_probe import capability_profile
         from edge_agent.secagg.crypto import IdentityKey, identity_key_path
 
         identity = IdentityKey.load_or_create(identity_key_path(config.out, config.name))
@@ -123,7 +123,7 @@ def _saved_enrolment(
     coordinator refuses (another coordinator database, a deleted device) means None; a
     revoked device raises :class:`~edge_agent.rest.DeviceRevoked`.
     """
-    from edge_agent.probe import capability_profile
+    from edge_agent.capability_probe import capability_profile
 
     path = enrolment_path(config.out, config.name)
     try:
@@ -230,8 +230,8 @@ def _report_profile(
     first version from these figures. Returns the link figures (with ``measured_at``),
     which the first job reuses instead of probing again.
     """
-    from edge_agent.netprobe import measure_link
-    from edge_agent.probe import capability_profile
+    from edge_agent.capability_probe import capability_profile
+    from edge_agent.link_probe import measure_link
     from edge_agent.trainer import Trainer
 
     spec: ModelSpec = {"name": "mlp", "input_dim": int(x.shape[1]),

@@ -129,7 +129,7 @@ class JobRunner:
             self._run(x, y)
 
     def _run(self, x: np.ndarray, y: np.ndarray) -> None:
-        from edge_agent.probe import capability_profile
+        from edge_agent.capability_probe import capability_profile
         from edge_agent.trainer import Trainer
         from models.data import check_model_fit
 
@@ -557,7 +557,7 @@ class JobRunner:
         return self._measure_link()
 
     def _measure_link(self) -> CapabilityProfile:
-        from edge_agent.netprobe import measure_link
+        from edge_agent.link_probe import measure_link
 
         link = measure_link(self.transport, self.assignment["fleet"], self.device_id)
         log.info(
@@ -569,7 +569,7 @@ class JobRunner:
 
     def _refresh_profile(self, profile: CapabilityProfile) -> CapabilityProfile:
         """Re-measure what changes while running (link, battery); keep the rest."""
-        from edge_agent.probe import battery_status
+        from edge_agent.capability_probe import battery_status
 
         fresh = profile.copy()
         fresh.pop("broker_rtt_s", None)  # a figure not measured again is not kept stale

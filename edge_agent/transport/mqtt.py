@@ -3,7 +3,7 @@
 Connection policy (see ``docs/brokers.md``):
 
 - Protocol: MQTT 5 where the broker speaks it, else MQTT 3.1.1, decided by a probe
-  (:func:`edge_agent.transport._probe.probe_protocol`) because amqtt hangs on a full v5
+  (:func:`edge_agent.transport.version_probe.probe_protocol`) because amqtt hangs on a full v5
   CONNECT instead of refusing it.
 - Persistent session: MQTT 5 ``clean_start=False`` with a Session Expiry Interval;
   MQTT 3.1.1 ``clean_session=False``. QoS 1 messages published while we are away are
@@ -49,7 +49,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edge_agent.transport._probe import probe_protocol
 from edge_agent.transport.address import parse_broker_address, tls_context
 from edge_agent.transport.backoff import Backoff
 from edge_agent.transport.base import Message, Transport, log
@@ -62,6 +61,7 @@ from edge_agent.transport.refusals import (
     connack_error,
     suback_error,
 )
+from edge_agent.transport.version_probe import probe_protocol
 from meshfl.errors import BrokerUnreachable, ConfigError, MeshflError, TransportError
 
 __all__ = ["MqttTransport"]

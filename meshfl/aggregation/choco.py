@@ -36,7 +36,7 @@ from meshfl.aggregation.privacy import RobustRule
 from meshfl.aggregation.robust import RobustMixer
 from meshfl.codecs import Codec, CodecPolicy, Identity
 from meshfl.errors import ConfigError, WireError
-from meshfl.wire import DType, TensorEntry
+from meshfl.wire import DType, MessageKind, TensorEntry
 
 KEYFRAME_BASELINE = 10
 """Messages whose relative compression error sets a device's normal level (median)."""
@@ -99,7 +99,7 @@ class ChocoGossip:
 
     """
 
-    message_kind: ClassVar[int] = 1  # meshfl.wire.MessageKind.DELTA
+    message_kind: ClassVar[int] = MessageKind.DELTA
     __slots__ = (
         "_baseline",
         "_codec",

@@ -47,7 +47,7 @@ from meshfl.aggregation._model import (
 from meshfl.aggregation.error_feedback import ErrorFeedback
 from meshfl.codecs import Codec, CodecPolicy
 from meshfl.errors import CodecError, ConfigError, WireError
-from meshfl.wire import DType, TensorEntry
+from meshfl.wire import DType, MessageKind, TensorEntry
 
 __all__ = ["CompressedDPSGD"]
 
@@ -78,7 +78,7 @@ class CompressedDPSGD:
 
     """
 
-    message_kind: ClassVar[int] = 2  # meshfl.wire.MessageKind.MODEL
+    message_kind: ClassVar[int] = MessageKind.MODEL
     __slots__ = (
         "_codecs",
         "_feedback",

@@ -24,7 +24,7 @@ from meshfl.cli.fleet_common import (
     print_json,
 )
 from meshfl.cli.fleet_tokens import tokens_app
-from meshfl.cli.fleet_topology import topology_app
+from meshfl.cli.fleet_topology import fleet_topology_app
 from meshfl.errors import ConfigError, CoordinatorError
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ fleet_app = typer.Typer(
     no_args_is_help=True,
 )
 fleet_app.add_typer(tokens_app, name="tokens")
-fleet_app.add_typer(topology_app, name="topology")
+fleet_app.add_typer(fleet_topology_app, name="topology")
 
 DeviceArg = Annotated[str, typer.Argument(help="The device id.", show_default=False)]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]

@@ -22,9 +22,9 @@ from meshfl.errors import ConfigError
 if TYPE_CHECKING:
     from meshfl.contract import FleetTopology, TopologySetting
 
-__all__ = ["topology_app"]
+__all__ = ["fleet_topology_app"]
 
-topology_app = typer.Typer(
+fleet_topology_app = typer.Typer(
     help="The fleet's default topology (jobs without --topology use it): show or set.",
     invoke_without_command=True,
 )
@@ -35,7 +35,7 @@ _EDGE_TABLE_MAX = 200
 _PARAMETERS = ("topology_degree", "topology_probability", "topology_seed", "mixing")
 
 
-@topology_app.callback()
+@fleet_topology_app.callback()
 def show(
     ctx: typer.Context,
     coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
@@ -103,7 +103,7 @@ def render(document: FleetTopology) -> None:
     out.print(table)
 
 
-@topology_app.command("set")
+@fleet_topology_app.command("set")
 def set_topology(
     kind: Annotated[
         str | None,

@@ -325,3 +325,11 @@ def test_sketch_rejects_bad_input() -> None:
         consensus_sketch({"v": np.array([np.inf])}, 8, seed=1)
     with pytest.raises(ConfigError):
         consensus_distance(np.zeros(3))
+
+
+def test_message_kinds_are_the_wire_enum_not_bare_codes() -> None:
+    from meshfl.aggregation import CompressedDPSGD
+    from meshfl.wire import MessageKind
+
+    assert ChocoGossip.message_kind is MessageKind.DELTA
+    assert CompressedDPSGD.message_kind is MessageKind.MODEL

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.probe import capability_profile
+from edge_agent.capability_probe import capability_profile
 from edge_agent.trainer import Trainer, TrainResult
 from meshfl.errors import ConfigError, DataError
 from models.arrays import spec_hash

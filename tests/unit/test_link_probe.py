@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from gossip_scenarios import reference, run_engines
 
-from edge_agent import probe
-from edge_agent.netprobe import LinkProfile, measure_link
+from edge_agent import capability_probe
+from edge_agent.link_probe import LinkProfile, measure_link
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
 from meshfl.wire import TopicInfo, delta_topic, parse_topic, probe_topic
 
@@ -144,15 +144,15 @@ def test_the_engine_still_works_after_a_probe(bus: MemoryBroker) -> None:
 
 
 def test_battery_status_without_a_battery(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probe.psutil, "sensors_battery", lambda: None)
-    assert probe.battery_status() == (None, None)
+    monkeypatch.setattr(capability_probe.psutil, "sensors_battery", lambda: None)
+    assert capability_probe.battery_status() == (None, None)
 
 
 def test_battery_status_reads_percent_and_charging(monkeypatch: pytest.MonkeyPatch) -> None:
     battery = SimpleNamespace(percent=42, secsleft=100, power_plugged=True)
-    monkeypatch.setattr(probe.psutil, "sensors_battery", lambda: battery)
-    assert probe.battery_status() == (42.0, True)
-    profile = probe.capability_profile(None)
+    monkeypatch.setattr(capability_probe.psutil, "sensors_battery", lambda: battery)
+    assert capability_probe.battery_status() == (42.0, True)
+    profile = capability_probe.capability_profile(None)
     assert profile["battery_percent"] == 42.0 and profile["charging"] is True
     assert profile["measured_at"] > 0
 
@@ -161,5 +161,5 @@ def test_battery_status_where_psutil_cannot_read_one(monkeypatch: pytest.MonkeyP
     def broken() -> None:
         raise OSError("no sysfs")
 
-    monkeypatch.setattr(probe.psutil, "sensors_battery", broken)
-    assert probe.battery_status() == (None, None)
+    monkeypatch.setattr(capability_probe.psutil, "sensors_battery", broken)
+    assert capability_probe.battery_status() == (None, None)

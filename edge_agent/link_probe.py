@@ -49,7 +49,7 @@ from meshfl.wire import probe_topic
 
 __all__ = ["LinkProfile", "measure_link"]
 
-log = logging.getLogger("meshfl.agent.netprobe")
+log = logging.getLogger("meshfl.agent.link_probe")
 
 _MAGIC = b"MFLP"
 _HEADER = struct.Struct(">4s8scI")  # magic, token of this measurement, kind, sequence

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gossip_scenarios import reference, run_engines
 
-from edge_agent.netprobe import measure_link
+from edge_agent.link_probe import measure_link
 from edge_agent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.mqtt

@@ -3,7 +3,7 @@
 The planner uses it to give slow devices fewer local steps or smaller batches; the
 throughput figure is measured on the job's own model and batch size. The battery figures
 come from :func:`battery_status`; the link figures (RTT and throughput to the broker) from
-:func:`edge_agent.netprobe.measure_link`, added by the job runner once it is connected.
+:func:`edge_agent.link_probe.measure_link`, added by the job runner once it is connected.
 """
 
 from __future__ import annotations
