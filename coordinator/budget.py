@@ -13,13 +13,24 @@ can be lowered by a later job, never raised):
   aggregate per neighbour; else 1) would push any selected device past ε_max;
 - while it runs, a release that would cross ε_max is refused (409) and not recorded: the
   device must not send it, and stops.
+
+A round is recorded once (a retried request changes nothing), except that the first
+spend of a new run of the agent (``new_run``: started or restarted) counts its releases
+again when the round is already recorded: a restarted agent noises its delta afresh, and
+the earlier run may already have published one for that round.
+
+**Atomic.** The check and the spend (and, at a start, the check and the claim of the
+devices) are one transaction that first locks the device rows (:func:`lock_devices`):
+PostgreSQL row locks taken in id order, SQLite's write lock. A concurrent spend or start
+for the same device waits, then reads what the first one committed: two job starts
+cannot both take one device, nor two spends the device's last budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +41,14 @@ from meshfl.aggregation.privacy import DEFAULT_DP_DELTA, PrivacyOptions
 from meshfl.contract import PrivacySpend, PrivacyStatus
 from meshfl.errors import ConfigError
 
-__all__ = ["check_start", "device_status", "job_epsilons", "record_spend", "releases_per_round"]
+__all__ = [
+    "check_start",
+    "device_status",
+    "job_epsilons",
+    "lock_devices",
+    "record_spend",
+    "releases_per_round",
+]
 
 
 def releases_per_round(options: PrivacyOptions, degree: int) -> int:
@@ -69,20 +87,50 @@ def _device_budget(session: Session, device_id: str, options: PrivacyOptions) ->
     return min(known, default=None)
 
 
+def lock_devices(session: Session, device_ids: Iterable[str]) -> None:
+    """Lock the devices' rows until the session's transaction ends (commit or rollback).
+
+    PostgreSQL: ``SELECT ... ORDER BY id FOR UPDATE`` (locks taken in one order, so two
+    callers cannot deadlock). SQLite: a no-op ``UPDATE`` of the rows, which takes the
+    database's write lock (SQLite has no row locks; its driver begins the transaction
+    at the first write). Reads after it see every transaction committed before it.
+    """
+    ids = sorted(set(device_ids))
+    if not ids:
+        return
+    if session.get_bind().dialect.name == "sqlite":
+        statement = update(Device).where(Device.id.in_(ids)).values(last_seen=Device.last_seen)
+        session.execute(statement.execution_options(synchronize_session=False))
+    else:
+        session.execute(select(Device.id).where(Device.id.in_(ids)).order_by(Device.id)
+                        .with_for_update())  # fmt: skip
+
+
 def check_start(
     session: Session, job: Job, options: PrivacyOptions, degrees: Mapping[str, int]
 ) -> None:
-    """Refuse to start ``job`` when it could push a selected device past its ε_max.
+    """Claim the selected devices for ``job``; refuse if one was taken or would pass its ε_max.
 
-    ``degrees`` maps each selected device id to its degree in the built graph.
+    ``degrees`` maps each selected device id to its degree in the built graph. The
+    devices' rows are locked (:func:`lock_devices`) until the caller commits the start,
+    and whether they are busy is read again under the lock: of two jobs starting at
+    once on one device, the second sees the first's claim.
 
     Raises
     ------
     Conflict
-        The projected ε of some device (its releases so far over all jobs, plus
-        ``rounds × releases_per_round`` at this job's σ) exceeds ``dp_epsilon_budget``.
+        A device was taken by another job meanwhile, or the projected ε of some device
+        (its releases so far over all jobs, plus ``rounds × releases_per_round`` at this
+        job's σ) exceeds ``dp_epsilon_budget``.
 
     """
+    lock_devices(session, degrees)
+    taken = sorted(store.busy_device_ids(session) & set(degrees))
+    if taken:
+        raise Conflict(
+            f"job {job.id!r} cannot start: device {taken[0]!r} was just taken by another job"
+            " starting at the same time; start it again"
+        )
     if not options.dp:
         return
     rounds = int(job.spec["rounds"])
@@ -108,7 +156,9 @@ def record_spend(
 ) -> PrivacyStatus:
     """Record the releases of one round before the device makes them; return its status.
 
-    Idempotent per (job, device, round): the same count again changes nothing.
+    Idempotent per (job, device, round): the same count again changes nothing — except
+    ``new_run``, whose releases of a recorded round are counted again (the module
+    docstring). The check and the record are one transaction under the device's lock.
 
     Raises
     ------
@@ -136,19 +186,27 @@ def record_spend(
             " per round (1, or one per neighbour under secure aggregation)"
         )
     key = (job.id, device.id, body["round"])
+    lock_devices(session, [device.id])  # check and spend: one step (module docstring)
     stored = _row(session, *key)
-    if stored is None:
+    again = stored is not None and bool(body.get("new_run", False))
+    if stored is None or again:
         spent = _spends(session, device.id)
         after = privacy.epsilon(
             [*spent, (options.noise_multiplier, body["releases"])], options.delta
         )
         budget = _device_budget(session, device.id, options)
         if budget is not None and after > budget:
+            session.rollback()  # releases the lock
             raise Conflict(
                 f"privacy budget exhausted: round {body['round']} of job {job.id!r} would take"
                 f" device {device.id!r} to ε = {after:.3g} > dp_epsilon_budget {budget:g} at"
                 f" δ = {options.delta:g}; the device must stop releasing"
             )
+        if stored is not None:  # a new run re-releases a recorded round: count it again
+            stored.releases += body["releases"]
+            stored.at = now
+            session.commit()
+            return _status(session, device.id, options.delta, budget)
         session.add(
             PrivacySpendRecord(
                 job_id=job.id,
@@ -165,6 +223,8 @@ def record_spend(
         except IntegrityError:  # a concurrent spend of the same round won
             session.rollback()
             stored = _row(session, *key)
+    else:
+        session.commit()  # nothing to write: end the transaction, releasing the lock
     if stored is not None and stored.releases != body["releases"]:
         raise Conflict(
             f"round {body['round']} of job {job.id!r} is already recorded with"

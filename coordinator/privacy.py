@@ -2,14 +2,19 @@
 
 Unit of privacy
 ---------------
-One *device*: its whole local dataset. Each *release* is one noised delta a device
-publishes — its CHOCO-SGD message with local DP, or its contribution to one securely
-aggregated neighbourhood sum (so a device of degree d makes d releases per round under
-secure aggregation, one per aggregator). A release is clipped to L2 norm C (the
-sensitivity: the delta of any local dataset, replaced by any other, moves by at most C)
-and carries Gaussian noise of standard deviation σ·C, so each release is the Gaussian
-mechanism with noise multiplier σ and sampling rate 1 (every release touches the whole
-dataset; no subsampling amplification is claimed).
+One *device*, and two datasets are neighbours when they differ by the **replacement** of
+everything one device holds (docs/privacy.md, "What ε means"). Each *release* is one
+noised delta a device publishes — its CHOCO-SGD message with local DP, or its
+contribution to one securely aggregated neighbourhood sum (so a device of degree d makes
+d releases per round under secure aggregation, one per aggregator). A release is clipped
+to L2 norm C and carries Gaussian noise of standard deviation σ·C. Replacing the device's
+data can move a clipped delta anywhere in the ball of radius C, so two neighbouring
+releases differ by up to **2C**: the L2 sensitivity is ``SENSITIVITY`` × C = 2C, and each
+release is the Gaussian mechanism with effective noise multiplier σ·C / 2C = σ/2 and
+sampling rate 1 (every release touches the whole dataset; no subsampling amplification
+is claimed). Under add/remove adjacency the sensitivity would be C only if a device
+without data released exactly zero, which a CHOCO-SGD device (whose released difference
+also carries its neighbours' mixing) does not.
 
 Accounting
 ----------
@@ -28,7 +33,10 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["epsilon", "sampled_gaussian_epsilon"]
+__all__ = ["SENSITIVITY", "epsilon", "sampled_gaussian_epsilon"]
+
+SENSITIVITY = 2.0
+"""L2 sensitivity of one release in units of the clipping norm C (replacement adjacency)."""
 
 
 def _accountant() -> Any:
@@ -43,8 +51,9 @@ def epsilon(spends: Iterable[tuple[float, int]], delta: float) -> float:
     Parameters
     ----------
     spends : iterable of (float, int)
-        ``(σ, releases)`` pairs: ``releases`` Gaussian mechanisms of noise multiplier σ
-        (noise standard deviation σ·C for sensitivity C), each at sampling rate 1.
+        ``(σ, releases)`` pairs: ``releases`` releases clipped to C with noise of standard
+        deviation σ·C, each at sampling rate 1; accounted as Gaussian mechanisms of
+        sensitivity :data:`SENSITIVITY` · C = 2C, i.e. noise multiplier σ/2.
     delta : float
         δ of the (ε, δ) guarantee, in (0, 1).
 
@@ -73,7 +82,7 @@ def epsilon(spends: Iterable[tuple[float, int]], delta: float) -> float:
 
     accountant = _accountant()
     for sigma, count in pairs:
-        accountant.compose(dp_accounting.GaussianDpEvent(sigma), count)
+        accountant.compose(dp_accounting.GaussianDpEvent(sigma / SENSITIVITY), count)
     return float(accountant.get_epsilon(delta))
 
 
@@ -82,8 +91,9 @@ def sampled_gaussian_epsilon(
 ) -> float:
     """ε of ``steps`` Poisson-subsampled Gaussian mechanisms (DP-SGD; Mironov et al. 2019).
 
-    The reference computation Opacus's ``RDPAccountant`` makes; the coordinator itself
-    accounts releases at sampling rate 1 (:func:`epsilon`). ``sampling_rate`` q in
+    The reference computation Opacus's ``RDPAccountant`` makes, for a noise multiplier
+    relative to the sensitivity (no :data:`SENSITIVITY` factor here); the coordinator
+    itself accounts releases at sampling rate 1 (:func:`epsilon`). ``sampling_rate`` q in
     (0, 1]; ``noise_multiplier`` σ > 0; ``steps`` ≥ 0; ``delta`` in (0, 1).
     """
     if not 0 < sampling_rate <= 1 or noise_multiplier <= 0 or steps < 0 or not 0 < delta < 1:

@@ -31,7 +31,7 @@ from meshfl.aggregation import (
 )
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.codecs import CodecPolicy, parse_codec
-from meshfl.contract import Assignment, CapabilityProfile, RoundMetrics
+from meshfl.contract import Assignment, CapabilityProfile, PrivacySpend, RoundMetrics
 from meshfl.errors import (
     ConfigError,
     CoordinatorError,
@@ -114,6 +114,7 @@ class JobRunner:
         self.privacy = PrivacyOptions()
         self.signer: Signer | None = None  # set by run() for a signed_deltas job
         self.verifier: Verifier | None = None
+        self._spent = False  # whether this run recorded a DP release yet (see _spend)
 
     @cached_property
     def resume(self) -> Resumer:
@@ -263,15 +264,17 @@ class JobRunner:
 
     def _spend(self, round_: int, releases: int) -> bool:
         """Record this round's DP releases at the coordinator first; False: budget reached."""
+        body: PrivacySpend = {"round": round_, "releases": releases}
+        if not self._spent:  # this run's first: an earlier run may have released this round
+            body["new_run"] = True
         try:
-            status = self.client.spend(
-                self.job_id, self.device_id, {"round": round_, "releases": releases}
-            )
+            status = self.client.spend(self.job_id, self.device_id, body)
         except CoordinatorError as exc:
             if exc.status != 409:
                 raise
             log.warning("round %d: stopping before the privacy budget is crossed: %s", round_, exc)
             return False
+        self._spent = True
         self.epsilon = float(status["epsilon_spent"])
         log.debug("round %d: ε spent %.3f", round_, self.epsilon)
         return True

@@ -889,12 +889,16 @@ class SignedDeclaration(TypedDict):
 class PrivacySpend(TypedDict):
     """Body of ``POST .../privacy/{device_id}/spend``: the DP releases of one round.
 
-    ``releases`` noised releases of sensitivity C in round ``round`` (1 with local DP;
-    under secure aggregation one per aggregator, i.e. the device's degree).
+    ``releases`` noised releases clipped to C in round ``round`` (1 with local DP;
+    under secure aggregation one per aggregator, i.e. the device's degree). ``new_run``
+    (default false): the first spend of a run of the agent on this job (a start or a
+    restart); if the round was already recorded, an earlier run may have released a
+    differently noised delta for it, so the coordinator counts these releases again.
     """
 
     round: int
     releases: int
+    new_run: NotRequired[bool]
 
 
 class PrivacyStatus(TypedDict):

@@ -31,7 +31,7 @@ def test_secure_aggregation_with_distributed_dp_runs_and_accounts_epsilon(
     report = json.loads((out / "report.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
     assert all(d["missing_rounds"] == [] for d in report["devices"])
-    # Ring: two releases a round (one per aggregator), σ = 1, 3 rounds: ε ≈ 15 at δ = 1e-5.
+    # Ring: two releases a round (one per aggregator), σ = 1 (σ/2 per 2C), 3 rounds: ε ≈ 34.
     spent = [d["epsilon_spent"] for d in report["devices"]]
     assert all(s is not None and 5 < s < 200 for s in spent), spent
     assert report["config"]["secure_aggregation"] == 2

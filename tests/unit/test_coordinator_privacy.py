@@ -28,6 +28,8 @@ with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we sh
 
 SECURE: dict[str, Any] = {"codec": "int8", "secure_aggregation": 2, "rounds": 3}
 DP: dict[str, Any] = {"codec": "identity", "dp_noise_multiplier": 1.0, "dp_clip": 1.0}
+# σ = 2 is a Gaussian mechanism of noise multiplier 1 at sensitivity 2C (replacement):
+DP2: dict[str, Any] = {**DP, "dp_noise_multiplier": 2.0}
 
 
 def b64(raw: bytes) -> str:
@@ -385,8 +387,8 @@ def test_bad_spends_are_refused(fleet: Fleet) -> None:
 
 
 def test_a_release_past_the_budget_is_refused_and_not_recorded(fleet: Fleet) -> None:
-    # σ = 1: 5 releases cost ε = 12.3 (start allowed), 6 cost 13.8 > 13.
-    job_id, ids = fleet.running(**DP, rounds=5, dp_epsilon_budget=13.0)
+    # σ = 2 (σ/2 = 1 per 2C): 5 releases cost ε = 12.3 (start allowed), 6 cost 13.8 > 13.
+    job_id, ids = fleet.running(**DP2, rounds=5, dp_epsilon_budget=13.0)
     assert fleet.spend(job_id, ids[0], 1, releases=3).status_code == 200
     refused = fleet.spend(job_id, ids[0], 2, releases=3)
     status = fleet.privacy(ids[0]).json()
@@ -399,12 +401,12 @@ def test_a_release_past_the_budget_is_refused_and_not_recorded(fleet: Fleet) -> 
 
 
 def test_start_refuses_a_job_that_would_push_a_device_past_its_budget(fleet: Fleet) -> None:
-    first, ids = fleet.running(**DP, rounds=5)  # no budget
+    first, ids = fleet.running(**DP2, rounds=5)  # no budget
     assert fleet.spend(first, ids[0], 1).status_code == 200
     fleet.client.post(f"{API}/jobs/{first}/stop", headers=ADMIN_H)
-    tight = fleet.create(devices=4, **DP, rounds=5, dp_epsilon_budget=13.0)  # 1 + 5 > 13.0
+    tight = fleet.create(devices=4, **DP2, rounds=5, dp_epsilon_budget=13.0)  # 1 + 5 > 13.0
     refused = fleet.start(tight)
-    roomy = fleet.create(devices=4, **DP, rounds=5, dp_epsilon_budget=14.0)
+    roomy = fleet.create(devices=4, **DP2, rounds=5, dp_epsilon_budget=14.0)
 
     assert refused.status_code == 409, refused.text
     assert f"device {ids[0]!r}" in refused.json()["detail"]
@@ -413,10 +415,10 @@ def test_start_refuses_a_job_that_would_push_a_device_past_its_budget(fleet: Fle
 
 
 def test_a_later_job_cannot_raise_a_devices_budget(fleet: Fleet) -> None:
-    capped, ids = fleet.running(**DP, rounds=5, dp_epsilon_budget=13.0)
+    capped, ids = fleet.running(**DP2, rounds=5, dp_epsilon_budget=13.0)
     assert fleet.spend(capped, ids[0], 1, releases=3).status_code == 200
     fleet.client.post(f"{API}/jobs/{capped}/stop", headers=ADMIN_H)
-    generous = fleet.create(devices=4, **DP, rounds=5, dp_epsilon_budget=100.0)
+    generous = fleet.create(devices=4, **DP2, rounds=5, dp_epsilon_budget=100.0)
     refused = fleet.start(generous)  # 3 spent + 5 planned > 13, whatever this job says
 
     assert refused.status_code == 409, refused.text
@@ -428,7 +430,7 @@ def test_secure_dp_jobs_project_one_release_per_neighbour(fleet: Fleet) -> None:
     # Ring: degree 2, so 3 rounds are 6 releases (ε = 13.8), not 3 (ε = 9.0).
     for k in range(4):
         fleet.enrol(f"pi-{k}")
-    job_id = fleet.create(devices=4, **SECURE, dp_noise_multiplier=1.0, dp_clip=1.0,
+    job_id = fleet.create(devices=4, **SECURE, dp_noise_multiplier=2.0, dp_clip=1.0,
                           dp_epsilon_budget=12.0)  # fmt: skip
     assert fleet.start(job_id).status_code == 409
 
@@ -469,8 +471,8 @@ def test_the_accountant_gives_the_textbook_epsilon_and_agrees_with_opacus() -> N
     ours = sampled_gaussian_epsilon(0.01, 1.0, 1000, 1e-5)
     theirs = RDPAccountant()
     theirs.history = [(1.0, 0.01, 1000)]
-    full = RDPAccountant()
-    full.history = [(1.0, 1.0, 10), (2.0, 1.0, 5)]
+    full = RDPAccountant()  # σ/2: each release has sensitivity 2C (replacement adjacency)
+    full.history = [(0.5, 1.0, 10), (1.0, 1.0, 5)]
 
     assert ours == pytest.approx(2.1, abs=0.05)
     assert ours == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
