@@ -39,6 +39,7 @@ from meshfl import logcontext
 from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelSpec
 from meshfl.errors import ConfigError, CoordinatorError, MeshflError, SecurityError
 from meshfl.files import atomic_write
+from meshfl.pathids import path_id
 from meshfl.wire import status_topic, validate_id
 from models.data import load_dataset_file
 
@@ -70,6 +71,9 @@ class AgentConfig:
     broker publishes the agent's Last Will after 1.5× this without a packet.
     ``offline_grace_s`` (seconds, ≥ 1, default 1) is how long a round keeps waiting for a
     neighbour whose Last Will came (:class:`edge_agent.engine.GossipEngine`'s).
+    ``coordinator_ca`` is the PEM CA of an ``https://`` coordinator's certificate (None:
+    the system's store); ``insecure_http`` allows ``http://`` to a host that is not
+    loopback (:func:`meshfl.coordinator_url.http_verify`).
     """
 
     coordinator: str
@@ -90,6 +94,8 @@ class AgentConfig:
     broker_ca: Path | None = None
     keepalive_s: int = 30
     offline_grace_s: float = 1.0
+    coordinator_ca: Path | None = None
+    insecure_http: bool = False
 
 
 def run_agent(
@@ -115,10 +121,13 @@ def run_agent(
         in a job, instead of retrying a token that no longer works.
 
     """
-    validate_id(config.name, "device name")
+    path_id(config.name, "device name")  # it names files and folders under --out
     x, y = load_dataset_file(config.data, config.label_column)
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
-    client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)
+    client = CoordinatorClient(
+        config.coordinator, retry_s=config.start_retry_s, ca_file=config.coordinator_ca,
+        insecure_http=config.insecure_http,
+    )  # fmt: skip
     try:
         from edge_agent.probe import capability_profile
         from edge_agent.secagg.crypto import IdentityKey, identity_key_path

@@ -9,7 +9,9 @@ import typer
 
 from meshfl.cli.agent_fleet import fleet
 from meshfl.cli.agent_options import (
+    CoordinatorCaOption,
     CoordinatorOption,
+    InsecureHttpOption,
     KeepaliveOption,
     OfflineGraceOption,
     TokenOption,
@@ -59,6 +61,8 @@ def run(
     ] = 1.0,
     keepalive: KeepaliveOption = 30,
     offline_grace: OfflineGraceOption = 1.0,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -119,6 +123,8 @@ def run(
             broker_ca=broker_ca,
             keepalive_s=keepalive,
             offline_grace_s=offline_grace,
+            coordinator_ca=coordinator_ca,
+            insecure_http=insecure_http,
         ),
         observer=telemetry,
     )
@@ -177,6 +183,8 @@ def serve(
     ),
     name: Annotated[str | None, typer.Option(help="Device name (default: the host name).")] = None,
     threads: Annotated[int, typer.Option(min=1, help="onnxruntime threads per request.")] = 1,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     """Serve the latest consensus model's predictions locally (onnxruntime, no torch).
@@ -198,5 +206,6 @@ def serve(
         ServeConfig(
             coordinator=coordinator, token=token, admin_token=admin_token, job=job, host=host,
             port=port, poll_s=poll, out=out, name=device_name, threads=threads,
+            coordinator_ca=coordinator_ca, insecure_http=insecure_http,
         )
     )  # fmt: skip

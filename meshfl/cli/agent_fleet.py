@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from meshfl.cli.agent_options import (
+    CoordinatorCaOption,
     CoordinatorOption,
+    InsecureHttpOption,
     KeepaliveOption,
     OfflineGraceOption,
     TokenOption,
@@ -57,6 +59,8 @@ def fleet(
     ] = 0.0,
     keepalive: KeepaliveOption = 30,
     offline_grace: OfflineGraceOption = 1.0,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
@@ -90,6 +94,7 @@ def fleet(
         coordinator=coordinator, token=token, data=files[0], name=names[0], broker=broker,
         test_data=test_data, out=out, label_column=label_column, once=once, poll_s=poll,
         threads=threads, keepalive_s=keepalive, offline_grace_s=offline_grace,
+        coordinator_ca=coordinator_ca, insecure_http=insecure_http,
     )  # fmt: skip
     configs = fleet_configs(template, names, files)
 
