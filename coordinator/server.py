@@ -37,15 +37,14 @@ _M_ARENA_MAX = -8  # glibc's <malloc.h>
 
 
 def ensure_tokens(settings: CoordinatorSettings) -> tuple[CoordinatorSettings, list[str]]:
-    """Fill a missing enrol or admin token with :func:`secrets.token_urlsafe`.
+    """Fill a missing admin token with :func:`secrets.token_urlsafe`.
 
     Returns the completed settings and the names of the tokens generated (so the caller
-    can show them once).
+    can show them once). The fleet enrol token is never generated: it is off unless the
+    operator asks for it (``--enrol-token``; :mod:`coordinator.enrolment`).
     """
     update = {
-        name: secrets.token_urlsafe(24)
-        for name in ("enrol_token", "admin_token")
-        if not getattr(settings, name)
+        name: secrets.token_urlsafe(24) for name in ("admin_token",) if not getattr(settings, name)
     }
     return settings.model_copy(update=update), sorted(update)
 
@@ -62,12 +61,12 @@ def serve(
 ) -> None:
     """Serve the coordinator until interrupted (uvicorn, log level ``warning``).
 
-    Prints one block with the URL, the enrol token and the admin token; a token given
-    in ``settings`` (or its environment variable) is shown as such, a generated one is
-    shown in full once — it is not stored anywhere, so note it. ``publish`` is the
-    control-topic publisher handed to :func:`coordinator.app.create_app` (``None``: no
-    push); ``broker_accounts`` the broker's login table it updates on enrol and revoke
-    (``None``: none); ``subscribe`` delivers the devices' status topics, so a Last Will
+    Prints one block with the URL, the enrol token (or that it is off) and the admin
+    token; a token given in ``settings`` (or its environment variable) is shown as such,
+    a generated admin token is shown in full once — it is not stored anywhere, so note it.
+    ``publish`` is the control-topic publisher handed to
+    :func:`coordinator.app.create_app` (``None``: no push); ``broker_accounts`` the
+    broker's login table it updates on enrol and revoke (``None``: none); ``subscribe`` delivers the devices' status topics, so a Last Will
     turns a device offline at once (:mod:`coordinator.presence`; ``None``: heartbeats
     only). ``uvicorn_logging`` False leaves logging as the caller configured it (JSON
     lines, :mod:`meshfl.cli.logs`): uvicorn's loggers then propagate to the root's handler.
@@ -92,6 +91,11 @@ def serve(
         ) from None
 
     def shown(name: str) -> str:
+        if getattr(settings, name) is None:
+            return (
+                "off (devices enrol with `meshfl fleet tokens create` tokens; or pass"
+                " --enrol-token, or rotate one in: `meshfl fleet tokens enrol rotate`)"
+            )
         value = str(getattr(settings, name))
         env = f"MESHFL_COORDINATOR_{name.upper()}"
         return (
