@@ -10,6 +10,7 @@ Files written by :func:`write_tls_dir` (keys 0600, certificates 0644)::
 
     ca.crt  ca.key            the CA; re-used when present, so agents keep trusting it
     server.crt  server.key    the broker's certificate, re-issued on every call
+    coordinator.crt/.key      the coordinator's HTTPS certificate (``meshfl coordinator tls``)
     client-NAME.crt/.key      optional client certificates
 
 Validity: the CA :data:`CA_DAYS` (10 years), issued certificates :data:`LEAF_DAYS` (825
@@ -244,6 +245,7 @@ def write_tls_dir(
     *,
     clients: Iterable[str] = (),
     days: int = LEAF_DAYS,
+    server: str = "server",
 ) -> TlsFiles:
     """Write a broker's development TLS material into ``out`` (created if missing).
 
@@ -260,6 +262,10 @@ def write_tls_dir(
         Names (MQTT usernames) to issue client certificates for: ``client-NAME.crt/.key``.
     days : int, default LEAF_DAYS
         Validity of the issued certificates in days.
+    server : str, default "server"
+        Stem of the server certificate's files, ``{server}.crt``/``{server}.key``:
+        ``"coordinator"`` for the coordinator's HTTPS certificate (``meshfl coordinator
+        tls``), issued by the same CA as the broker's so devices trust one CA for both.
 
     Returns
     -------
@@ -273,14 +279,16 @@ def write_tls_dir(
 
     """
     out = Path(out)
-    files = TlsFiles(out / "ca.crt", out / "ca.key", out / "server.crt", out / "server.key")
+    if server not in ("server", "coordinator"):
+        raise ConfigError(f"server {server!r}: use 'server' (a broker) or 'coordinator'")
+    files = TlsFiles(out / "ca.crt", out / "ca.key", out / f"{server}.crt", out / f"{server}.key")
     if files.ca_cert.exists() and files.ca_key.exists():
         ca = CertificateAuthority.load(files.ca_cert, files.ca_key)
     else:
         ca = CertificateAuthority.create()
         ca.save(files.ca_cert, files.ca_key)
     hosts = list(hosts)
-    key, cert = ca.issue(hosts[0] if hosts else "meshfl broker", hosts=hosts, days=days)
+    key, cert = ca.issue(hosts[0] if hosts else f"meshfl {server}", hosts=hosts, days=days)
     write_pem(files.server_cert, cert.public_bytes(serialization.Encoding.PEM), secret=False)
     write_pem(files.server_key, _key_pem(key), secret=True)
     for name in clients:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from coordinator import dashboard, migrate, problems, secagg
+from coordinator import dashboard, enrolment, migrate, problems, secagg
 from coordinator.artifacts import ArtifactStore
 from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Control, Publish
@@ -37,6 +37,7 @@ from coordinator.routers import (
     artifacts,
     devices,
     enrolment_tokens,
+    fleet_enrolment,
     health,
     heartbeat,
     jobs,
@@ -152,7 +153,8 @@ def create_app(
     Parameters
     ----------
     settings : CoordinatorSettings
-        Must carry ``enrol_token`` and ``admin_token`` (``serve()`` fills missing ones).
+        Must carry ``admin_token`` (``serve()`` fills a missing one); ``enrol_token``
+        ``None`` leaves the fleet's shared enrolment token off.
     publish : callable, optional
         ``publish(topic, payload)`` sends one retained QoS 1 MQTT message; each new
         topology version and each end of a job is published on the fleet's control topic
@@ -184,14 +186,14 @@ def create_app(
         A token is missing.
 
     """
-    if not settings.enrol_token or not settings.admin_token:
+    if not settings.admin_token:
         raise ConfigError(
-            "the coordinator needs enrol_token and admin_token; set "
-            "MESHFL_COORDINATOR_ENROL_TOKEN/ADMIN_TOKEN or start it with serve(), "
-            "which generates them"
+            "the coordinator needs admin_token; set MESHFL_COORDINATOR_ADMIN_TOKEN or start"
+            " it with serve(), which generates one"
         )
     engine = make_engine(settings.db_url)
     migrate.upgrade(engine)
+    enrolment.seed(make_sessionmaker(engine), settings, clock())  # the fleet token, or off
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -238,6 +240,7 @@ def create_app(
     app.include_router(privacy.router, prefix=API_PREFIX)
     app.include_router(topology.router, prefix=API_PREFIX)
     app.include_router(tokens.router, prefix=API_PREFIX)
+    app.include_router(fleet_enrolment.router, prefix=API_PREFIX)  # before /{token_id}
     app.include_router(enrolment_tokens.router, prefix=API_PREFIX)
     dashboard.install(app)  # /ui: hidden from the OpenAPI
     problems.document(app)  # after every router: the problem statuses in the OpenAPI

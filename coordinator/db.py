@@ -35,6 +35,7 @@ __all__ = [
     "Device",
     "DeviceProfile",
     "EnrolmentToken",
+    "FleetEnrolment",
     "FleetSetting",
     "Job",
     "JobDevice",
@@ -285,6 +286,27 @@ class EnrolmentToken(Base):
     created_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float] = mapped_column(Double)
     revoked_at: Mapped[float | None] = mapped_column(Double)
+
+
+class FleetEnrolment(Base):
+    """The fleet's shared enrolment token (issue 23): disabled, rotated, expiring, counted.
+
+    One row per fleet (:mod:`coordinator.enrolment`). ``token_hash`` is the current
+    secret's SHA-256 hex digest; ``seed_hash`` that of the ``--enrol-token`` setting that
+    seeded the row (``None``: made by a rotation); ``uses``/``uses_left`` ``None``:
+    unlimited; ``expires_at`` ``None``: never; ``disabled_at`` set: refused.
+    """
+
+    __tablename__ = "fleet_enrolment"
+
+    fleet: Mapped[str] = mapped_column(String(200), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    seed_hash: Mapped[str | None] = mapped_column(String(64))
+    uses: Mapped[int | None] = mapped_column(Integer)
+    uses_left: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float | None] = mapped_column(Double)
+    disabled_at: Mapped[float | None] = mapped_column(Double)
 
 
 THREADS = 40

@@ -5,17 +5,30 @@ from __future__ import annotations
 import ctypes
 import os
 import secrets
+import ssl
 import sys
+from dataclasses import dataclass
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.brokerauth import BrokerAccounts
 from coordinator.control import Publish
 from coordinator.presence import Subscribe
 from coordinator.settings import CoordinatorSettings
+from meshfl.coordinator_url import is_loopback
 from meshfl.errors import ConfigError
 
-__all__ = ["MALLOC_ARENAS", "ensure_tokens", "http_stack", "limit_malloc_arenas", "serve"]
+__all__ = [
+    "MALLOC_ARENAS",
+    "TlsFiles",
+    "check_tls",
+    "ensure_tokens",
+    "http_stack",
+    "limit_malloc_arenas",
+    "serve",
+    "tls_arguments",
+]
 
 MALLOC_ARENAS = 2
 """glibc malloc arenas the coordinator allows (``mallopt(M_ARENA_MAX)``); see below."""
@@ -24,15 +37,14 @@ _M_ARENA_MAX = -8  # glibc's <malloc.h>
 
 
 def ensure_tokens(settings: CoordinatorSettings) -> tuple[CoordinatorSettings, list[str]]:
-    """Fill a missing enrol or admin token with :func:`secrets.token_urlsafe`.
+    """Fill a missing admin token with :func:`secrets.token_urlsafe`.
 
     Returns the completed settings and the names of the tokens generated (so the caller
-    can show them once).
+    can show them once). The fleet enrol token is never generated: it is off unless the
+    operator asks for it (``--enrol-token``; :mod:`coordinator.enrolment`).
     """
     update = {
-        name: secrets.token_urlsafe(24)
-        for name in ("enrol_token", "admin_token")
-        if not getattr(settings, name)
+        name: secrets.token_urlsafe(24) for name in ("admin_token",) if not getattr(settings, name)
     }
     return settings.model_copy(update=update), sorted(update)
 
@@ -45,18 +57,21 @@ def serve(
     broker_accounts: BrokerAccounts | None = None,
     subscribe: Subscribe | None = None,
     uvicorn_logging: bool = True,
+    tls: TlsFiles | None = None,
 ) -> None:
     """Serve the coordinator until interrupted (uvicorn, log level ``warning``).
 
-    Prints one block with the URL, the enrol token and the admin token; a token given
-    in ``settings`` (or its environment variable) is shown as such, a generated one is
-    shown in full once — it is not stored anywhere, so note it. ``publish`` is the
-    control-topic publisher handed to :func:`coordinator.app.create_app` (``None``: no
-    push); ``broker_accounts`` the broker's login table it updates on enrol and revoke
-    (``None``: none); ``subscribe`` delivers the devices' status topics, so a Last Will
+    Prints one block with the URL, the enrol token (or that it is off) and the admin
+    token; a token given in ``settings`` (or its environment variable) is shown as such,
+    a generated admin token is shown in full once — it is not stored anywhere, so note it.
+    ``publish`` is the control-topic publisher handed to
+    :func:`coordinator.app.create_app` (``None``: no push); ``broker_accounts`` the
+    broker's login table it updates on enrol and revoke (``None``: none); ``subscribe`` delivers the devices' status topics, so a Last Will
     turns a device offline at once (:mod:`coordinator.presence`; ``None``: heartbeats
     only). ``uvicorn_logging`` False leaves logging as the caller configured it (JSON
     lines, :mod:`meshfl.cli.logs`): uvicorn's loggers then propagate to the root's handler.
+    ``tls`` serves HTTPS from that certificate and key (:func:`check_tls`); ``None``: plain
+    HTTP, which clients accept only on loopback (:mod:`meshfl.coordinator_url`).
     """
     import uvicorn
     from sqlalchemy.engine import make_url
@@ -76,6 +91,11 @@ def serve(
         ) from None
 
     def shown(name: str) -> str:
+        if getattr(settings, name) is None:
+            return (
+                "off (devices enrol with `meshfl fleet tokens create` tokens; or pass"
+                " --enrol-token, or rotate one in: `meshfl fleet tokens enrol rotate`)"
+            )
         value = str(getattr(settings, name))
         env = f"MESHFL_COORDINATOR_{name.upper()}"
         return (
@@ -85,10 +105,12 @@ def serve(
         )
 
     stack = http_stack()
+    base = f"{'https' if tls else 'http'}://{host}:{port}"
     print(
         "meshfl coordinator\n"
-        f"  URL:          http://{host}:{port}  (API docs: http://{host}:{port}/docs)\n"
-        f"  dashboard:    http://{host}:{port}/ui  (log in with an API token)\n"
+        f"  URL:          {base}  (API docs: {base}/docs)\n"
+        f"  dashboard:    {base}/ui  (log in with an API token)\n"
+        f"  TLS:          {_tls_line(tls, host)}\n"
         f"  fleet:        {settings.fleet}\n"
         f"  enrol token:  {shown('enrol_token')}\n"
         f"  admin token:  {shown('admin_token')}\n"
@@ -113,7 +135,64 @@ def serve(
         loop=stack[0],
         http=stack[1],
         **logging,
+        **tls_arguments(tls),
     )
+
+
+def _tls_line(tls: TlsFiles | None, host: str) -> str:
+    if tls is not None:
+        return f"certificate {tls.cert}"
+    if is_loopback(host):
+        return "off (plain HTTP on this machine only)"
+    return (
+        "OFF: clients elsewhere refuse plain HTTP unless --insecure-http; use --tls-cert/--tls-key"
+    )
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The coordinator's HTTPS certificate chain and private key (PEM files)."""
+
+    cert: Path
+    key: Path
+
+
+def check_tls(cert: Path | None, key: Path | None) -> TlsFiles | None:
+    """Check ``--tls-cert``/``--tls-key`` before serving; ``None`` when neither is given.
+
+    The pair is loaded into an :class:`ssl.SSLContext` once, so a missing file, a key
+    that does not match the certificate or a file that is not PEM is a one-line error
+    now rather than a uvicorn traceback later.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        Only one of the two given, or the pair cannot be loaded.
+
+    """
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError(
+            "--tls-cert and --tls-key go together (the certificate and its private key);"
+            " make a development pair with `meshfl coordinator tls --out DIR`"
+        )
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        reason = (str(exc).splitlines() or ["unreadable"])[0]
+        raise ConfigError(
+            f"cannot use --tls-cert {str(cert)!r} with --tls-key {str(key)!r} ({reason});"
+            " give a PEM certificate and its matching key"
+        ) from None
+    return TlsFiles(Path(cert), Path(key))
+
+
+def tls_arguments(tls: TlsFiles | None) -> dict[str, Any]:
+    """``uvicorn.run``'s keyword arguments for ``tls`` (TLS 1.2 or later)."""
+    if tls is None:
+        return {}
+    return {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:

@@ -26,11 +26,18 @@ class CoordinatorSettings(BaseSettings):
         Name of the fleet this coordinator manages; returned to devices at enrolment and
         used in their MQTT topics. Default ``"default"``.
     enrol_token : str or None
-        Shared secret a device presents to enrol. ``None``: ``serve()`` generates one at
-        startup with :func:`secrets.token_urlsafe` and prints it once.
+        The fleet's shared enrolment token (:mod:`coordinator.enrolment`). ``None``
+        (default): off — devices enrol with operator-made enrolment tokens, or one an
+        operator rotates in (``POST /enrolment-tokens/fleet/rotate``). Given: seeded at
+        start; operators can disable and rotate it.
+    enrol_token_ttl_s : float or None
+        Seconds the seeded fleet token stays valid from its seeding. ``None`` (default):
+        no expiry.
+    enrol_token_uses : int or None
+        Devices the seeded fleet token may enrol. ``None`` (default): unlimited.
     admin_token : str or None
-        Bearer token of the admin (operator) endpoints. ``None``: generated like
-        ``enrol_token``.
+        Bearer token of the admin (operator) endpoints. ``None``: ``serve()`` generates
+        one at startup with :func:`secrets.token_urlsafe` and prints it once.
     broker_url : str or None
         MQTT broker URL advertised to devices at enrolment (``mqtt://host:1883``).
         ``None``: devices must be told the broker some other way.
@@ -92,6 +99,8 @@ class CoordinatorSettings(BaseSettings):
     db_url: str = "sqlite:///meshfl-coordinator.db"
     fleet: str = "default"
     enrol_token: str | None = None
+    enrol_token_ttl_s: float | None = Field(default=None, gt=0)
+    enrol_token_uses: int | None = Field(default=None, ge=1)
     admin_token: str | None = None
     broker_url: str | None = None
     stale_after_s: float = Field(default=120.0, gt=0)

@@ -40,6 +40,9 @@ class AgentConfig:
     device's owner allows jobs to run (``--allow-model``; the zoo is always allowed, the
     standard library never: :mod:`meshfl.modelspec.allow`); ``data_dir`` is the folder a
     job's test data must lie in (default: the folder holding ``data``).
+    ``coordinator_ca`` is the PEM CA of an ``https://`` coordinator's certificate (None:
+    the system's store); ``insecure_http`` allows ``http://`` to a host that is not
+    loopback (:func:`meshfl.coordinator_url.http_verify`).
     """
 
     coordinator: str
@@ -62,6 +65,8 @@ class AgentConfig:
     offline_grace_s: float = 1.0
     allowed_models: tuple[str, ...] = ()
     data_dir: Path | None = None
+    coordinator_ca: Path | None = None
+    insecure_http: bool = False
 
     @property
     def data_root(self) -> Path:

@@ -39,6 +39,7 @@ from meshfl.contract import Assignment, CapabilityProfile, EnrolResponse, ModelS
 from meshfl.errors import ConfigError, CoordinatorError, MeshflError, SecurityError
 from meshfl.files import atomic_write
 from meshfl.modelspec.allow import check_allow_list
+from meshfl.pathids import path_id
 from meshfl.wire import status_topic, validate_id
 from meshfl.wire.status import encode_status
 from models.data import load_dataset_file
@@ -74,11 +75,14 @@ def run_agent(
         in a job, instead of retrying a token that no longer works.
 
     """
-    validate_id(config.name, "device name")
+    path_id(config.name, "device name")  # it names files and folders under --out
     check_allow_list(config.allowed_models)  # a bad or standard-library entry: refused now
     x, y = load_dataset_file(config.data, config.label_column)
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
-    client = CoordinatorClient(config.coordinator, retry_s=config.start_retry_s)
+    client = CoordinatorClient(
+        config.coordinator, retry_s=config.start_retry_s, ca_file=config.coordinator_ca,
+        insecure_http=config.insecure_http,
+    )  # fmt: skip
     try:
         from edge_agent.capability_probe import capability_profile
         from edge_agent.secagg.crypto import IdentityKey, identity_key_path

@@ -40,6 +40,7 @@ from meshfl.errors import (
     MeshflError,
 )
 from meshfl.modelspec import check_allowed, check_hash, confine_path
+from meshfl.pathids import path_id
 
 if TYPE_CHECKING:
     from edge_agent.config import AgentConfig
@@ -135,6 +136,8 @@ class JobRunner:
         from models.data import check_model_fit
 
         spec = self.spec
+        path_id(self.job_id, "job id")  # it names a folder: a '..' from the coordinator is
+        path_id(self.config.name, "device name")  # declined before any file is written
         self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
         self.privacy.check_release(spec)  # a private job publishing models: declined
         self.signer, self.verifier = self._signing()
@@ -390,7 +393,7 @@ class JobRunner:
                 round_ = nxt
         finally:
             reporter.close()
-        path = self.config.out / self.job_id / self.config.name / "model.pt"
+        path = self.config.out / self.job_id / self.config.name / "model.pt"  # checked ids
         trainer.save(path)
         onnx_path, onnx_diff = _export_onnx(trainer, path.with_name("model.onnx"), x_test)
         if spec.get("publish_model") and onnx_path is not None and not self.privacy.private:

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -78,12 +79,24 @@ class CoordinatorClient:
     Parameters
     ----------
     url
-        Base URL of the coordinator, e.g. ``http://10.0.0.5:8080``.
+        Base URL of the coordinator, e.g. ``https://10.0.0.5:8443``; ``http://`` only to
+        a loopback host unless ``insecure_http`` (:func:`meshfl.coordinator_url.http_verify`).
     retry_s
         How long (seconds, default 30) transient failures are retried before
         :class:`~meshfl.errors.CoordinatorUnreachable` is raised.
     transport
-        An httpx transport for tests (``httpx.MockTransport`` or an ASGI transport).
+        An httpx transport for tests (``httpx.MockTransport`` or an ASGI transport); the
+        caller then owns the connection, and the URL policy is not applied.
+    ca_file
+        PEM file of the CA that signed the coordinator's certificate (``--coordinator-ca``);
+        ``None``: the system's CA store.
+    insecure_http
+        Allow plain ``http://`` to a host that is not loopback (``--insecure-http``).
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        A URL the policy refuses, an invalid URL, or an unusable CA file.
 
     """
 
@@ -94,24 +107,27 @@ class CoordinatorClient:
         retry_s: float = 30.0,
         timeout_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        ca_file: Path | None = None,
+        insecure_http: bool = False,
     ) -> None:
-        if not url.startswith(("http://", "https://")):
-            from meshfl.errors import ConfigError
+        from meshfl.coordinator_url import http_verify
+        from meshfl.errors import ConfigError
 
-            raise ConfigError(
-                f"coordinator URL {url!r} must start with http:// or https://"
-                " (e.g. --coordinator http://127.0.0.1:8080)"
-            )
+        # An injected transport (tests) is the caller's connection: httpx ignores verify.
+        verify = (
+            http_verify(url, ca_file=ca_file, insecure_http=insecure_http)
+            if transport is None
+            else True
+        )
         self.url = url.rstrip("/")
         self.retry_s = retry_s
         self.device_token: str | None = None
         try:
             self._http = httpx.Client(
-                base_url=self.url + API_PREFIX, timeout=timeout_s, transport=transport
-            )
+                base_url=self.url + API_PREFIX, timeout=timeout_s, transport=transport,
+                verify=verify,
+            )  # fmt: skip
         except httpx.InvalidURL as exc:
-            from meshfl.errors import ConfigError
-
             raise ConfigError(f"coordinator URL {url!r} is invalid ({exc})") from None
 
     def close(self) -> None:
@@ -255,6 +271,13 @@ class CoordinatorClient:
                     method, path, json=json, content=content, headers=headers
                 )
             except httpx.TransportError as exc:
+                from meshfl.coordinator_url import certificate_problem, untrusted_message
+
+                untrusted = certificate_problem(exc)
+                if untrusted is not None:  # retrying cannot help, and must not be silent
+                    from meshfl.errors import ConfigError
+
+                    raise ConfigError(untrusted_message(self.url, untrusted)) from None
                 problem = f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
             else:
                 if response.is_success or response.status_code == 304:

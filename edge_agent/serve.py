@@ -59,6 +59,7 @@ class ServeConfig:
     completed job with a consensus model). ``out`` keeps the downloaded model across
     restarts. ``poll_s`` seconds between checks for a new model; ``threads`` onnxruntime
     intra-op threads; ``max_request_bytes`` the largest ``/predict`` body (bytes).
+    ``coordinator_ca``/``insecure_http``: as :class:`edge_agent.daemon.AgentConfig`'s.
     """
 
     coordinator: str
@@ -72,6 +73,8 @@ class ServeConfig:
     name: str = "serve"
     threads: int = 1
     max_request_bytes: int = 16 << 20
+    coordinator_ca: Path | None = None
+    insecure_http: bool = False
 
 
 class ModelPoller:
@@ -266,7 +269,10 @@ def run_serve(config: ServeConfig) -> None:
         raise ConfigError("pass either --token ENROL_TOKEN or --admin-token TOKEN (one of them)")
     if not config.poll_s > 0:
         raise ConfigError(f"--poll must be a positive number of seconds (got {config.poll_s})")
-    client = CoordinatorClient(config.coordinator, retry_s=0.0)
+    client = CoordinatorClient(
+        config.coordinator, retry_s=0.0, ca_file=config.coordinator_ca,
+        insecure_http=config.insecure_http,
+    )  # fmt: skip
     client.device_token = config.admin_token  # the bearer token of every request
     slot = ModelSlot()
     poller = ModelPoller(client, slot, config.out, config.job, enrol_token=config.token,

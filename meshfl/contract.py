@@ -137,6 +137,9 @@ __all__ = [
     "EnrolmentTokenCreate",
     "EnrolmentTokenCreated",
     "EnrolmentTokenPublic",
+    "FleetEnrolmentPublic",
+    "FleetEnrolmentRotate",
+    "FleetEnrolmentRotated",
     "FleetTopology",
     "JobArtifacts",
     "JobDeviceMetrics",
@@ -167,6 +170,7 @@ __all__ = [
     "TopologyNode",
     "TopologyPublic",
     "TopologySetting",
+    "enrol_proof_message",
 ]
 
 API_PREFIX = "/api/v1"
@@ -242,6 +246,10 @@ class EnrolRequest(TypedDict):
     # Secure aggregation (issue 5): the device's Ed25519 identity public key, raw 32 bytes
     # in standard base64; the coordinator checks per-job key bundles against it.
     identity_key: NotRequired[str]
+    # Issue 23: the identity key's signature (base64) of enrol_proof_message(token, name,
+    # identity_key). Needed to enrol again under a key an active device holds: the old
+    # device is then revoked (its token and broker login), not left beside the new one.
+    identity_proof: NotRequired[str]
 
 
 class EnrolResponse(TypedDict):
@@ -984,6 +992,53 @@ class EnrolmentTokenCreated(EnrolmentTokenPublic):
     token: str
 
 
+class FleetEnrolmentRotate(TypedDict, total=False):
+    """Body of ``POST /enrolment-tokens/fleet/rotate``; every field optional.
+
+    ``ttl_s`` seconds the new secret stays valid (omitted: never expires); ``uses`` how
+    many devices it may enrol (omitted: unlimited).
+    """
+
+    ttl_s: float
+    uses: int
+
+
+class FleetEnrolmentPublic(TypedDict):
+    """The fleet's shared enrolment token (never its secret), ``GET /enrolment-tokens/fleet``.
+
+    ``status`` ``off``: no fleet token (the coordinator was started without
+    ``--enrol-token`` and none was rotated in); ``uses``/``uses_left`` ``None``:
+    unlimited; ``expires_at`` ``None``: never. Times are unix seconds.
+    """
+
+    status: Literal["active", "disabled", "expired", "used up", "off"]
+    uses: int | None
+    uses_left: int | None
+    created_at: float | None
+    expires_at: float | None
+    disabled_at: float | None
+
+
+class FleetEnrolmentRotated(FleetEnrolmentPublic):
+    """``POST /enrolment-tokens/fleet/rotate``'s answer: ``token``, shown only here."""
+
+    token: str
+
+
+def enrol_proof_message(token: str, name: str, identity_key: str) -> bytes:
+    """The bytes a device signs with its identity key to prove it holds it at enrolment.
+
+    The context ``meshfl-enrol-v1`` and a NUL, the SHA-256 digest of ``token`` (32 raw
+    bytes), ``name``, a NUL and ``identity_key`` (base64 text), UTF-8:
+    bound to the enrolment token presented and the name, so a proof seen once does not
+    enrol under another token (``EnrolRequest.identity_proof``).
+    """
+    import hashlib
+
+    digest = hashlib.sha256(token.encode()).digest()
+    return b"meshfl-enrol-v1\0" + digest + name.encode() + b"\0" + identity_key.encode()
+
+
 _REQUEST_BODIES = frozenset(
     {
         "ApiTokenCreate",
@@ -995,6 +1050,7 @@ _REQUEST_BODIES = frozenset(
         "DeviceSelector",
         "EnrolRequest",
         "EnrolmentTokenCreate",
+        "FleetEnrolmentRotate",
         "JobSpec",
         "KeyBundle",
         "ModelSpec",

@@ -5,11 +5,16 @@ Management: tags and labels, drain/undrain, revoke, delete (:mod:`coordinator.fl
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
+from sqlalchemy.orm import Session
 
-from coordinator import fleet, lifecycle, reports, secagg, store, tokens, validation
+from coordinator import enrolment, fleet, lifecycle, reports, secagg, store, tokens, validation
+from coordinator.brokerauth import BrokerAccounts
+from coordinator.control import Control
+from coordinator.db import Device
 from coordinator.deps import (
     BrokerAccountsDep,
     ControlDep,
@@ -36,30 +41,44 @@ from meshfl.errors import ConfigError
 
 __all__ = ["router"]
 
+log = logging.getLogger("coordinator.devices")
+
 router = APIRouter(prefix="/devices", tags=["devices"])
 
 Responses = dict[int | str, dict[str, Any]]
 _BROKER_DOWN: Responses = {503: {"description": "The broker's login table could not be updated"}}
 
 
-@router.post("/enrol", response_model=EnrolResponse, responses=_BROKER_DOWN)
+_ENROL_REFUSALS: Responses = {
+    **_BROKER_DOWN,
+    403: {"description": "A disabled/expired/used-up fleet token, or a revoked identity key"},
+    409: {"description": "An active device holds the identity key and no proof was sent"},
+}
+
+
+@router.post("/enrol", response_model=EnrolResponse, responses=_ENROL_REFUSALS)
 def enrol(
     body: EnrolRequest,
     session: SessionDep,
     settings: SettingsDep,
     now: NowDep,
     accounts: BrokerAccountsDep,
+    control: ControlDep,
 ) -> EnrolResponse:
     """Give a device presenting an enrolment token a new identity and token.
 
     The token is an operator-made enrolment token (its tags become the device's) or the
-    fleet's shared enrol token. ``identity_key`` (optional) is the device's Ed25519
+    fleet's shared enrol token, when one is on (:mod:`coordinator.enrolment`: off unless
+    the coordinator was started with one or an operator rotated one in; 403 once
+    disabled, expired or used up). ``identity_key`` (optional) is the device's Ed25519
     public key, base64 of 32 raw bytes (422 otherwise): it registers the key that signs
-    the device's deltas and secure-aggregation keys, so signed jobs need it. When the
-    coordinator manages broker logins, the answer carries ``broker_username`` (the device
-    id) and ``broker_password``, shown only here; ``broker_ca`` is the broker's CA (PEM)
-    when one is configured. A 503 (the broker's logins cannot be updated) enrols nothing
-    and spends no use of the token.
+    the device's deltas and secure-aggregation keys, so signed jobs need it. A key of a
+    revoked device is refused (403); a key an active device holds needs
+    ``identity_proof`` (409 without), and that device is then revoked — its token and
+    broker login stop working. When the coordinator manages broker logins, the answer
+    carries ``broker_username`` (the device id) and ``broker_password``, shown only here;
+    ``broker_ca`` is the broker's CA (PEM) when one is configured. A 503 (the broker's
+    logins cannot be updated) enrols nothing and spends no use of the token.
     """
     validation.validate_name(body["name"])
     profile = body.get("profile", CapabilityProfile())
@@ -68,9 +87,13 @@ def enrol(
     if identity_key is not None:
         secagg.parse_identity_key(identity_key)
     ca = _broker_ca(settings)
-    grant = tokens.consume_enrolment_token(
-        session, body["token"], now, fleet_token=settings.enrol_token
+    replaced = enrolment.device_to_replace(
+        session, identity_key, body.get("identity_proof"), body["token"], body["name"]
     )
+    if enrolment.consume(session, settings.fleet, body["token"], now):
+        grant = tokens.EnrolmentGrant(token_id=None, tags=[])
+    else:
+        grant = tokens.consume_enrolment_token(session, body["token"], now)
     device, token = store.enrol_device(
         session,
         name=body["name"],
@@ -92,10 +115,34 @@ def enrol(
         except ConfigError as exc:
             session.rollback()  # no device, and the token's use is not spent
             raise _unavailable(f"the device could not get a broker login ({exc})") from None
+    if replaced is not None:  # the same device again: its old identity stops, atomically
+        replaced.state, replaced.revoked_at, replaced.identity_key = "revoked", now, None
     session.commit()
+    if replaced is not None:
+        _retire(session, replaced, now, control, accounts)
     if ca is not None:
         reply["broker_ca"] = ca
     return reply
+
+
+def _retire(
+    session: Session,
+    device: Device,
+    now: float,
+    control: Control,
+    accounts: BrokerAccounts | None,
+) -> None:
+    """Take a replaced device out of its jobs and the broker (it is revoked already)."""
+    try:
+        fleet.revoke(session, device, now, control, accounts)
+    except ConfigError as exc:  # the new device is enrolled; revoking the old one retries
+        log.warning(
+            "device %s enrolled again as a new device, but its old broker login remains"
+            " (%s); revoke %s again to remove it",
+            device.id,
+            exc,
+            device.id,
+        )
 
 
 def _broker_ca(settings: CoordinatorSettings) -> str | None:

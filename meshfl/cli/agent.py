@@ -11,8 +11,10 @@ from edge_agent.config import DEFAULT_OUT
 from meshfl.cli.agent_fleet import fleet
 from meshfl.cli.agent_options import (
     AllowModelOption,
+    CoordinatorCaOption,
     CoordinatorOption,
     DataDirOption,
+    InsecureHttpOption,
     KeepaliveOption,
     OfflineGraceOption,
     TokenFileOption,
@@ -65,6 +67,8 @@ def run(
     ] = 1.0,
     keepalive: KeepaliveOption = 30,
     offline_grace: OfflineGraceOption = 1.0,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -128,6 +132,8 @@ def run(
             offline_grace_s=offline_grace,
             allowed_models=tuple(allow_model or ()),
             data_dir=data_dir,
+            coordinator_ca=coordinator_ca,
+            insecure_http=insecure_http,
         ),
         observer=telemetry,
     )
@@ -186,6 +192,8 @@ def serve(
     ),
     name: Annotated[str | None, typer.Option(help="Device name (default: the host name).")] = None,
     threads: Annotated[int, typer.Option(min=1, help="onnxruntime threads per request.")] = 1,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     """Serve the latest consensus model's predictions locally (onnxruntime, no torch).
@@ -207,5 +215,6 @@ def serve(
         ServeConfig(
             coordinator=coordinator, token=token, admin_token=admin_token, job=job, host=host,
             port=port, poll_s=poll, out=out, name=device_name, threads=threads,
+            coordinator_ca=coordinator_ca, insecure_http=insecure_http,
         )
     )  # fmt: skip

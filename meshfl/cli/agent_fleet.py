@@ -10,8 +10,10 @@ import typer
 from edge_agent.config import DEFAULT_OUT
 from meshfl.cli.agent_options import (
     AllowModelOption,
+    CoordinatorCaOption,
     CoordinatorOption,
     DataDirOption,
+    InsecureHttpOption,
     KeepaliveOption,
     OfflineGraceOption,
     TokenFileOption,
@@ -65,6 +67,8 @@ def fleet(
     ] = 0.0,
     keepalive: KeepaliveOption = 30,
     offline_grace: OfflineGraceOption = 1.0,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
@@ -101,6 +105,7 @@ def fleet(
         test_data=test_data, out=out, label_column=label_column, once=once, poll_s=poll,
         threads=threads, keepalive_s=keepalive, offline_grace_s=offline_grace,
         allowed_models=check_allow_list(allow_model or ()), data_dir=data_dir,
+        coordinator_ca=coordinator_ca, insecure_http=insecure_http,
     )  # fmt: skip
     configs = fleet_configs(template, names, files)
 

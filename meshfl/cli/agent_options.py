@@ -9,8 +9,10 @@ import typer
 
 __all__ = [
     "AllowModelOption",
+    "CoordinatorCaOption",
     "CoordinatorOption",
     "DataDirOption",
+    "InsecureHttpOption",
     "KeepaliveOption",
     "OfflineGraceOption",
     "TokenFileOption",
@@ -20,7 +22,25 @@ __all__ = [
 
 CoordinatorOption = Annotated[
     str,
-    typer.Option(envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. http://10.0.0.5:8080."),
+    typer.Option(envvar="MESHFL_COORDINATOR", help="Coordinator URL, e.g. https://10.0.0.5:8443."),
+]
+CoordinatorCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="MESHFL_COORDINATOR_CA",
+        help="CA (PEM) that signed the coordinator's HTTPS certificate (default: the"
+        " system's CA store).",
+        show_default=False,
+    ),
+]
+InsecureHttpOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure-http",
+        envvar="MESHFL_INSECURE_HTTP",
+        help="Allow a plain http:// coordinator that is not on this machine (tokens and"
+        " keys then cross the network unencrypted).",
+    ),
 ]
 TokenOption = Annotated[
     str | None,

@@ -20,6 +20,7 @@ from meshfl.cli.fleet_common import (
     Token,
     ago,
     client,
+    connection,
     console,
     print_json,
 )
@@ -38,6 +39,7 @@ fleet_app = typer.Typer(
     help="Manage the fleet over REST: devices, enrolment and API tokens, jobs, topology.",
     no_args_is_help=True,
 )
+fleet_app.callback()(connection)  # --coordinator-ca, --insecure-http before the command
 fleet_app.add_typer(tokens_app, name="tokens")
 fleet_app.add_typer(fleet_topology_app, name="topology")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -23,6 +25,7 @@ __all__ = [
     "Token",
     "ago",
     "client",
+    "connection",
     "console",
     "parse_ttl",
     "print_json",
@@ -51,6 +54,35 @@ Token = Annotated[
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print the API's JSON (for scripts) instead of a table.")
 ]
+
+
+def connection(
+    coordinator_ca: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHFL_COORDINATOR_CA",
+            help="CA (PEM) that signed the coordinator's HTTPS certificate.",
+            show_default=False,
+        ),
+    ] = None,
+    insecure_http: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-http",
+            envvar="MESHFL_INSECURE_HTTP",
+            help="Allow a plain http:// coordinator URL that is not on this machine.",
+        ),
+    ] = False,
+) -> None:
+    """How to reach the coordinator: given before the sub-command (or by environment).
+
+    Recorded in ``MESHFL_COORDINATOR_CA``/``MESHFL_INSECURE_HTTP`` for every client the
+    sub-command opens (:class:`meshfl.local.admin.AdminClient` reads them).
+    """
+    if coordinator_ca is not None:
+        os.environ["MESHFL_COORDINATOR_CA"] = str(coordinator_ca)
+    if insecure_http:
+        os.environ["MESHFL_INSECURE_HTTP"] = "1"
 
 
 def client(url: str, token: str | None) -> FleetClient:

@@ -9,6 +9,7 @@ from typing import Annotated, cast
 import typer
 
 from meshfl.aggregation.privacy import PrivacyOptions
+from meshfl.cli.fleet_common import connection
 from meshfl.cli.model import (
     HiddenOption,
     ImageShapeOption,
@@ -69,6 +70,7 @@ from meshfl.local.validation import topology_fields as local_topology_fields
 job_app = typer.Typer(
     help="Create, start, follow and stop jobs (admin token).", no_args_is_help=True
 )
+job_app.callback()(connection)  # --coordinator-ca, --insecure-http before the command
 
 Coordinator = Annotated[str, typer.Option(envvar="MESHFL_COORDINATOR", help="Coordinator URL.")]
 AdminToken = Annotated[

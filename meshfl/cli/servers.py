@@ -73,6 +73,12 @@ def coordinator_serve(
             help="Its password (default with --broker-password-file: a new one at each start).",
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Serve HTTPS with this certificate (PEM; chain allowed).")
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(help="The private key (PEM) of --tls-cert.")
+    ] = None,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Serve the coordinator's REST API (OpenAPI docs at /docs).
@@ -88,9 +94,14 @@ def coordinator_serve(
     --broker-password-file and --broker-pid-file let enrolment create each device's
     broker login and revocation remove it; the coordinator also (re)creates its own
     login there at each start and publishes with it over TLS (--broker-ca-file).
+
+    Off loopback, serve HTTPS (--tls-cert/--tls-key; `meshfl coordinator tls` makes a
+    development pair) and give agents and the CLI its CA with --coordinator-ca: they
+    refuse a plain http:// URL to another host unless told --insecure-http.
     """
     import socket
 
+    from coordinator.server import check_tls
     from coordinator.server import serve as serve_app
     from coordinator.settings import CoordinatorSettings
     from meshfl.errors import ConfigError
@@ -100,7 +111,7 @@ def coordinator_serve(
         from meshfl.cli.logs import configure_logging
 
         configure_logging(log_format="json")
-    serve = partial(serve_app, uvicorn_logging=not json_logs)
+    serve = partial(serve_app, uvicorn_logging=not json_logs, tls=check_tls(tls_cert, tls_key))
 
     with socket.socket() as probe:
         # As uvicorn binds: a restart right after a crash is not refused for TIME-WAIT.
@@ -270,6 +281,36 @@ def _subscriber(transport: MqttTransport) -> Subscribe:
         transport.subscribe(topic_filter, qos=1)
 
     return subscribe
+
+
+@coordinator_app.command("tls")
+def coordinator_tls(
+    out: Annotated[Path, typer.Option(help="Directory for ca.crt/.key, coordinator.crt/.key.")],
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="DNS name or IP agents dial (repeatable; default localhost and 127.0.0.1)."
+        ),
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, help="Validity of the certificate.")] = 825,
+) -> None:
+    """Make the coordinator's development HTTPS certificate, signed by OUT's CA.
+
+    The CA in OUT is re-used (the one `meshfl broker tls`/`broker config --secure` made
+    there, so devices trust one CA for broker and coordinator), else made. Keys are
+    written 0600. Then: meshfl coordinator serve --tls-cert OUT/coordinator.crt
+    --tls-key OUT/coordinator.key, and agents/CLI --coordinator-ca OUT/ca.crt.
+    """
+    from broker.tls import DEFAULT_HOSTS, write_tls_dir
+
+    files = write_tls_dir(out, host or list(DEFAULT_HOSTS), days=days, server="coordinator")
+    typer.echo(
+        f"CA: {files.ca_cert}\ncoordinator: {files.server_cert} {files.server_key}\n"
+        f"serve:  meshfl coordinator serve --tls-cert {files.server_cert}"
+        f" --tls-key {files.server_key} --host 0.0.0.0 --port 8443\n"
+        f"agents: meshfl agent run --coordinator https://{(host or ['localhost'])[0]}:8443"
+        f" --coordinator-ca {files.ca_cert} ..."
+    )
 
 
 @broker_app.command("serve")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -21,6 +23,7 @@ from meshfl.contract import (
     JobSpec,
     RoundSummary,
 )
+from meshfl.coordinator_url import certificate_problem, http_verify, untrusted_message
 from meshfl.errors import ConfigError, CoordinatorError, CoordinatorUnreachable
 
 __all__ = ["AdminClient", "settled_rounds"]
@@ -69,15 +72,35 @@ def _retry_after_s(response: httpx.Response) -> float:
 class AdminClient:
     """Operator calls: list devices, create/start/stop jobs, read rounds."""
 
-    def __init__(self, url: str, admin_token: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        admin_token: str,
+        timeout_s: float = 10.0,
+        *,
+        ca_file: Path | None = None,
+        insecure_http: bool | None = None,
+    ) -> None:
+        """Connect to ``url`` (:func:`meshfl.coordinator_url.http_verify`'s policy).
+
+        ``ca_file``/``insecure_http`` ``None``: from ``MESHFL_COORDINATOR_CA`` and
+        ``MESHFL_INSECURE_HTTP`` (``1``/``true``), which ``meshfl fleet`` and ``meshfl
+        job``'s ``--coordinator-ca``/``--insecure-http`` set.
+        """
         self.url = url.rstrip("/")
+        if ca_file is None and os.environ.get("MESHFL_COORDINATOR_CA"):
+            ca_file = Path(os.environ["MESHFL_COORDINATOR_CA"])
+        if insecure_http is None:
+            insecure_http = os.environ.get("MESHFL_INSECURE_HTTP", "").lower() in ("1", "true")
         try:
             if not self.url.startswith(("http://", "https://")):
                 raise httpx.InvalidURL("no http:// or https:// scheme")
+            verify = http_verify(self.url, ca_file=ca_file, insecure_http=insecure_http)
             self._http = httpx.Client(
                 base_url=self.url + API_PREFIX,
                 timeout=timeout_s,
                 headers={"Authorization": f"Bearer {admin_token}"},
+                verify=verify,
             )
             self._http.build_request("GET", "/")  # a malformed host fails here, not later
         except httpx.InvalidURL as exc:
@@ -206,6 +229,9 @@ class AdminClient:
             try:
                 response = self._http.request(method, path, json=json, params=params)
             except httpx.TransportError as exc:
+                untrusted = certificate_problem(exc)
+                if untrusted is not None:
+                    raise ConfigError(untrusted_message(self.url, untrusted)) from None
                 raise CoordinatorUnreachable(
                     f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
                 ) from None

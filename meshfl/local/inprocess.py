@@ -10,6 +10,7 @@ with an error is reported as the failure of ``fleet-k``, naming its failed agent
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,11 +113,13 @@ def start_fleets(
     coordinator: str,
     token: str,
     device_files: list[Path],
+    extra: Sequence[str] = (),
 ) -> list[Child]:
     """Start ``config.in_process`` ``meshfl agent fleet`` children over ``config.agents``.
 
     ``device_files[i]`` is agent ``device-i``'s data: they must be ``DIR/device-{i}.npz``
-    (:func:`models.datasets.write_partition`'s names).
+    (:func:`models.datasets.write_partition`'s names). ``extra``: more ``agent fleet``
+    options (``--coordinator-ca`` of a secure run).
 
     Raises
     ------
@@ -135,7 +138,7 @@ def start_fleets(
             "--data", template, "--first", str(block.start), "--count", str(len(block)),
             "--name-prefix", "device-", "--out", str(config.out / "models"), "--once",
             "--label-column", config.label_column, "--poll", str(POLL_S),
-            "--log-format", config.log_format,
+            "--log-format", config.log_format, *extra,
             *(["--allow-model", config.model] if ":" in config.model else []),  # the user's own
         ]  # fmt: skip
         children.append(supervisor.start(f"fleet-{k}", args))

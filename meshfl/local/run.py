@@ -146,8 +146,9 @@ def run_local(
             supervisor, out, broker_url, enrol_token,
             [*([] if secure is None else secure.coordinator_args()),
              "--log-format", config.log_format],
-            **coordinator_tuning(config),
+            **coordinator_tuning(config), ca_file=None if secure is None else secure.ca_file,
         )  # fmt: skip
+        pin = [] if secure is None else ["--coordinator-ca", str(secure.ca_file)]  # HTTPS
         say(f"broker {broker_url}, coordinator {url}; starting {config.agents} agents")
         dashboard = start_dashboard(admin, config.open_browser, say) if config.dashboard else None
         slow = {device_name(name, "--slow"): factor for name, factor in config.slow}
@@ -168,14 +169,14 @@ def run_local(
                     "--data", str(device_files[int(name.split("-")[1])]), "--name", name,
                     "--out", str(out / "models"), "--once",
                     "--label-column", config.label_column, *broker, *slowdown,
-                    "--log-format", config.log_format,
+                    "--log-format", config.log_format, *pin,
                     # the factory the user passed meshfl local is the user's own code
                     *(["--allow-model", config.model] if ":" in config.model else []),
                 ],
             )  # fmt: skip
 
         if config.in_process:
-            start_fleets(supervisor, config, url, enrol_token, device_files)
+            start_fleets(supervisor, config, url, enrol_token, device_files, extra=pin)
         for i in range(0 if config.in_process else config.agents):
             start_agent(f"device-{i}")
         _wait_for_enrolment(admin, supervisor, config.agents, secure)
@@ -481,6 +482,7 @@ def _start_coordinator(
     extra: list[str],
     env: dict[str, str] | None = None,
     admin_timeout_s: float = 10.0,
+    ca_file: Path | None = None,
 ) -> tuple[str, AdminClient]:
     admin_token = secrets.token_urlsafe(16)
     port = free_port()
@@ -503,8 +505,8 @@ def _start_coordinator(
         wait_for_port("127.0.0.1", port, 60.0, alive=child)
     except MeshflError as exc:
         raise MeshflError(f"the coordinator failed to start: {exc}") from None
-    url = f"http://127.0.0.1:{port}"
-    return url, AdminClient(url, admin_token, timeout_s=admin_timeout_s)
+    url = f"{'http' if ca_file is None else 'https'}://127.0.0.1:{port}"  # ca_file: TLS
+    return url, AdminClient(url, admin_token, timeout_s=admin_timeout_s, ca_file=ca_file)
 
 
 def _wait_for_enrolment(

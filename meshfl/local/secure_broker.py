@@ -7,10 +7,12 @@ Mosquitto on it (:class:`broker.mosquitto.MosquittoProcess`)::
     OUT/broker/mosquitto.conf  TLS-only listener on 127.0.0.1, allow_anonymous false
     OUT/broker/acl             the fleet's ACL: a device writes only its own topics
     OUT/broker/passwd          logins: the coordinator's and one per enrolled device
-    OUT/broker/tls/            development CA and server certificate (broker.tls)
+    OUT/broker/tls/            development CA, broker and coordinator certificates (broker.tls)
     OUT/broker/mosquitto.log   the broker's log (connections, refusals)
 
-The coordinator is started with ``--broker-password-file``, ``--broker-pid-file`` and
+The coordinator serves HTTPS (``--tls-cert``/``--tls-key``, a certificate from the same
+CA; agents and the run's operator client pin that CA with ``--coordinator-ca``) and is
+started with ``--broker-password-file``, ``--broker-pid-file`` and
 ``--broker-ca-file``: it writes its own login (a new random password) into the password
 file, reloads Mosquitto, and publishes the control topic over TLS; each agent's
 enrolment creates that device's login and hands it the CA, so agents connect with
@@ -48,7 +50,8 @@ FLEET = "local"
 """The fleet id of a secure local run (the ACL's topics are ``meshfl/v1/local/...``)."""
 
 SECURITY_LINE = (
-    "security on: TLS to the broker (development CA), a broker login per device,"
+    "security on: TLS to the broker and HTTPS to the coordinator (one development CA that"
+    " agents pin), a broker login per device,"
     " the fleet's ACL (a device writes only its own topics), signed deltas (Ed25519)"
 )
 """What ``meshfl local --secure`` prints once its broker is up."""
@@ -109,15 +112,31 @@ class SecureBroker:
         """Mosquitto's log file."""
         return self.process.log_path
 
-    def coordinator_args(self) -> list[str]:
-        """``meshfl coordinator serve`` options: manage logins, trust the CA, the fleet."""
+    @property
+    def ca_file(self) -> Path:
+        """The development CA (PEM) of the broker's and the coordinator's certificates."""
         files = self.process.secure_files
         assert files is not None  # set by MosquittoProcess.start with fleet=
+        return files.tls.ca_cert
+
+    def coordinator_args(self) -> list[str]:
+        """``meshfl coordinator serve`` options: HTTPS, manage logins, trust the CA, the fleet.
+
+        The coordinator's HTTPS certificate (``tls/coordinator.crt``, for 127.0.0.1 and
+        localhost) is issued by the broker's development CA, so agents pin one CA
+        (``--coordinator-ca``, :attr:`ca_file`) for both.
+        """
+        from broker.tls import DEFAULT_HOSTS, write_tls_dir
+
+        files = self.process.secure_files
+        assert files is not None  # set by MosquittoProcess.start with fleet=
+        tls = write_tls_dir(files.tls.ca_cert.parent, DEFAULT_HOSTS, server="coordinator")
         return [
             "--fleet", FLEET,
             "--broker-password-file", str(files.password_file),
             "--broker-pid-file", str(self.process.pid_path),
             "--broker-ca-file", str(files.tls.ca_cert),
+            "--tls-cert", str(tls.server_cert), "--tls-key", str(tls.server_key),
         ]  # fmt: skip
 
     def check(self) -> None:

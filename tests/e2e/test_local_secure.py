@@ -155,6 +155,7 @@ def test_the_secure_cli_runs_a_small_fleet_that_equals_lockstep(secure_run: Secu
 
     assert secure_run.returncode == 0, secure_run.stdout + secure_run.stderr
     assert " ".join(SECURITY_LINE.split()) in " ".join(secure_run.stdout.split())
+    assert "coordinator https://127.0.0.1:" in secure_run.stdout  # HTTPS, agents pin its CA
     report = json.loads((out / "report.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4, 5]
     assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in report["rounds"])

@@ -398,7 +398,7 @@ def test_job_start_sends_the_new_options_and_job_topology_prints_the_versions(
         fleet.enrol(f"pi-{k}")
     graph = tmp_path / "star.json"
     graph.write_text(json.dumps({"n": 4, "edges": [[0, 1], [0, 2], [0, 3]]}))
-    runner, common = CliRunner(), ["--coordinator", "http://x", "--admin-token", "admin"]
+    runner, common = CliRunner(), ["--coordinator", "http://127.0.0.1:9", "--admin-token", "admin"]
 
     started = runner.invoke(app, ["job", "start", *common, "--topology", str(graph), "--plan",
                                   "--min-battery", "20", "--elastic", "--mode", "async",
@@ -429,7 +429,7 @@ def test_job_start_refuses_an_unknown_topology_name(fleet: Fleet) -> None:
     from meshfl.cli import app
 
     r = CliRunner().invoke(
-        app, ["job", "start", "--coordinator", "http://x", "--admin-token", "a",
+        app, ["job", "start", "--coordinator", "http://127.0.0.1:9", "--admin-token", "a",
               "--topology", "hypercube", "--no-follow"],
     )  # fmt: skip
     assert r.exit_code != 0 and "hypercube" in str(r.exception or r.output)

@@ -50,6 +50,7 @@ def test_migrated_sqlite_schema_matches_the_orm(tmp_path: Path) -> None:
         "coordinator_keys",
         "api_tokens",
         "enrolment_tokens",
+        "fleet_enrolment",
         "fleet_settings",
         "alembic_version",
     } == tables

@@ -12,7 +12,7 @@ from meshfl.local.admin import BUSY_RETRIES, AdminClient
 
 def _client(answers: list[httpx.Response], monkeypatch: pytest.MonkeyPatch) -> AdminClient:
     """An AdminClient whose requests get ``answers`` in turn; its waits are recorded."""
-    client = AdminClient("http://coordinator.test", "admin")
+    client = AdminClient("http://127.0.0.1:9", "admin")  # never dialled: _http is replaced
     asked: list[str] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
