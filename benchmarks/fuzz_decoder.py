@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="libFuzzer's random seed")
     parser.add_argument(
         "--targets",
-        default="0-7",
+        default="0-9",
         help="positions in tests/wire_fuzz.py TARGETS, e.g. 0-5,7 (default: all)",
     )
     parser.add_argument(

@@ -23,6 +23,7 @@ REJECTIONS = (
     "rejected_replayed",
     "rejected_stale",
     "rejected_other",
+    "rejected_quota",
 )
 """The reasons an envelope is refused; ``rejected`` is their sum."""
 

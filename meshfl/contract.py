@@ -696,6 +696,7 @@ class LedgerCounts(TypedDict):
     rejected_replayed: int
     rejected_stale: int
     rejected_other: int
+    rejected_quota: int
     missing: int
     awaiting_keyframe: int
     delivered_late: int

@@ -10,7 +10,10 @@ all escaping :meth:`Inbox._handle`) is a crash. The oracles:
   to exactly the bytes it was decoded from (the layout is canonical);
 - reassembly stays within its bounds (``max_messages``, ``max_bytes``) and accepts only
   chunks whose CRC matches;
-- the agent's inbox never raises, and applies a message only if both CRCs match.
+- the agent's inbox never raises, and applies a message only if both CRCs match;
+- every JSON decoder of :mod:`meshfl.wire` raises :class:`~meshfl.errors.PayloadError`
+  and nothing else, and the inbox counts and drops a status, control message or repair
+  request that does not decode (targets 8 and 9).
 
 :func:`run_selected` interprets one byte string (first byte: target, rest: input) for
 fuzzers that only produce bytes; :func:`seed_inputs` gives them valid starting points.
@@ -18,6 +21,7 @@ fuzzers that only produce bytes; :func:`seed_inputs` gives them valid starting p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import struct
 import zlib
@@ -28,15 +32,29 @@ import numpy as np
 from edge_agent.inbox import Inbox
 from meshfl.aggregation import ChocoGossip
 from meshfl.codecs import parse_codec
-from meshfl.errors import WireError
+from meshfl.errors import PayloadError, WireError
 from meshfl.wire import (
     DType,
     Envelope,
     MessageKind,
     Reassembler,
     TensorEntry,
+    control_topic,
     delta_topic,
+    inbox_topic,
     split_message,
+    status_topic,
+)
+from meshfl.wire.control import ControlMessage, decode_control, encode_control
+from meshfl.wire.repair import decode_repair_request, encode_repair_request
+from meshfl.wire.secagg import (
+    decode_body,
+    decode_declaration,
+    decode_mask_set,
+    encode_declaration,
+    encode_mask_set,
+    encode_request,
+    encode_sealed,
 )
 from meshfl.wire.serde import (
     CHUNK_HEADER,
@@ -46,20 +64,26 @@ from meshfl.wire.serde import (
     encode_chunk,
     encode_envelope,
 )
+from meshfl.wire.shares import Reveal, SharesMessage, decode_sealed, encode_reveal, encode_shares
+from meshfl.wire.status import decode_status, encode_status
 
 __all__ = [
     "CHUNK_FIELDS",
     "HOSTILE_ID",
+    "JSON_DECODERS",
     "TARGETS",
     "TOPIC",
     "check_chunk",
     "check_envelope",
     "check_inbox",
+    "check_inbox_json",
+    "check_json",
     "check_reassembly",
     "crc_ok",
     "delta_messages",
     "envelope_fields",
     "fresh_inbox",
+    "json_seeds",
     "run_selected",
     "seed_inputs",
     "with_crc",
@@ -271,6 +295,60 @@ def _topic(data: bytes) -> None:
     )
 
 
+# --- the JSON payloads (meshfl.wire status, control, repair, secagg, shares) -----------
+
+JSON_DECODERS: tuple[Callable[[bytes], object], ...] = (
+    decode_status,
+    decode_control,
+    decode_repair_request,
+    decode_declaration,
+    decode_body,
+    decode_mask_set,
+    decode_sealed,
+)
+"""Every JSON decoder of :mod:`meshfl.wire`: each may raise PayloadError and nothing else."""
+
+
+def check_json(data: bytes) -> None:
+    """Feed ``data`` to every JSON decoder; any exception but PayloadError is a finding."""
+    for decode in JSON_DECODERS:
+        with contextlib.suppress(PayloadError):
+            decode(data)
+
+
+@functools.cache
+def _json_inbox() -> Inbox:
+    return fresh_inbox()
+
+
+def check_inbox_json(data: bytes) -> None:
+    """``data`` as a neighbour's status, a control message and a repair request: an
+    inbox's handler must count and drop what does not decode, never raise."""
+    inbox = _json_inbox()
+    inbox._handle(status_topic(FLEET, PEER), data)
+    inbox._handle(control_topic(FLEET), data)
+    inbox._handle(inbox_topic(FLEET, SELF, PEER), b"{" + data)
+    inbox.control.clear()
+
+
+def json_seeds() -> list[bytes]:
+    """Valid JSON payloads of every kind (a corpus for :func:`check_json`)."""
+    declaration = {"job": JOB, "round": 3, "aggregator": PEER, "survivors": [SELF],
+                   "dropped": [], "aborted": False}  # fmt: skip
+    share = (1, bytes(32))
+    return [
+        encode_status("online", JOB, 3, need=[SELF], done=True),
+        encode_control(ControlMessage(JOB, 2, 5, "ring", (SELF, PEER), ((0, 1),), "running")),
+        encode_repair_request(JOB, 41),
+        encode_declaration(declaration),
+        encode_request(declaration, "A" * 86 + "=="),
+        encode_sealed(bytes(48)),
+        encode_mask_set([SELF, PEER]),
+        encode_shares(SharesMessage(PEER, 3, {SELF: (share, share)})),
+        encode_reveal(Reveal(3, SELF, {PEER: share}, {}, ())),
+    ]
+
+
 TARGETS: tuple[Callable[[bytes], object], ...] = (
     check_envelope,  # 0: raw bytes as an envelope
     lambda d: check_envelope(with_crc(d)),  # 1: envelope body behind a valid CRC
@@ -280,6 +358,8 @@ TARGETS: tuple[Callable[[bytes], object], ...] = (
     _raw_payload,  # 5: raw bytes on a neighbour's delta topic
     _hostile_sender,  # 6: a well-framed envelope body, chunked, on that topic
     _topic,  # 7: a valid delta on an arbitrary topic
+    check_json,  # 8: raw bytes to every JSON decoder of meshfl.wire
+    check_inbox_json,  # 9: raw bytes as a status, a control message, a repair request
 )
 
 
@@ -314,5 +394,7 @@ def seed_inputs(targets: Sequence[int] = range(len(TARGETS))) -> list[bytes]:
         chunks,
         [e[:-4] for e in envelopes],
         [TOPIC.encode()],
+        json_seeds(),
+        json_seeds(),
     ]
     return [bytes([i]) + s for i, t in enumerate(targets) for s in per_target[t]]

@@ -7,9 +7,15 @@
 - :mod:`meshfl.wire.chunking` — :func:`split_message`, :func:`pack_message` and the
   bounded :class:`Reassembler`.
 - :mod:`meshfl.wire.topics` — the ``meshfl/v1/...`` topic scheme and :func:`validate_id`.
+- the JSON payloads, one encoder and one bounded decoder each (raising only
+  :class:`~meshfl.errors.PayloadError`): :mod:`~meshfl.wire.status`,
+  :mod:`~meshfl.wire.control`, :mod:`~meshfl.wire.repair`, :mod:`~meshfl.wire.secagg`
+  (the signed declaration, protocol bodies, mask sets), :mod:`~meshfl.wire.shares`
+  (SHARES/REVEAL), all through :mod:`~meshfl.wire.jsonbody`.
 
 Sending: ``for chunk in pack_message(env, max_payload): publish(delta_topic(...), chunk)``.
-Receiving: ``msg = reassembler.feed(payload)``; if not ``None``, ``decode_envelope(msg)``.
+Receiving: ``msg = reassembler.feed(payload, sender, topic)``; if not ``None``,
+``decode_envelope(msg)``.
 Malformed input raises :class:`~meshfl.errors.WireError` and nothing else. See docs/wire.md.
 """
 

@@ -20,9 +20,12 @@ from wire_fuzz import (
     check_chunk,
     check_envelope,
     check_inbox,
+    check_inbox_json,
+    check_json,
     check_reassembly,
     delta_messages,
     envelope_fields,
+    json_seeds,
     run_selected,
     seed_inputs,
     with_crc,
@@ -183,6 +186,18 @@ def test_reassembly_of_well_framed_garbage_stays_bounded(
 @given(st.binary(max_size=400) | st.sampled_from(seed_inputs()))
 def test_raw_bytes_for_every_target(data: bytes) -> None:
     run_selected(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(json_seeds()), st.data())
+def test_mutated_json_payloads_raise_only_a_payload_error(seed: bytes, data: st.DataObject) -> None:
+    # Prepare: a valid payload of one kind with bytes overwritten, inserted or cut
+    at = data.draw(st.integers(0, len(seed)))
+    cut = data.draw(st.integers(0, 8))
+    payload = seed[:at] + data.draw(st.binary(max_size=8)) + seed[at + cut :]
+    # Execute / Assert: every decoder raises PayloadError or nothing; the inbox carries on
+    check_json(payload)
+    check_inbox_json(payload)
 
 
 @FUZZ
