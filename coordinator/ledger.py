@@ -4,6 +4,16 @@ Each device reports its round's :class:`~meshfl.contract.RoundLedger` inside its
 ``RoundMetrics`` (stored as they came, in ``round_metrics.metrics``: no schema of its
 own); this module sums them per round and over the run. Pure functions of ORM rows,
 like :mod:`coordinator.reports`. docs/reliability.md defines every field.
+
+**Derived per (sender, receiver).** Agents since issue 25 also report their last
+sequence number and, per sender they track, what became of its numbers so far
+(:class:`~meshfl.contract.PeerLedger`, cumulative, exact through a crash of the
+receiver: :mod:`edge_agent.resume`). :func:`derive` takes each receiver's latest report
+and the sender's sequence number as of that round: the numbers the sender used after
+the last one the receiver heard of are *unaccounted* (a broker dropped them, or the
+receiver stopped first), so that for every pair ``addressed = applied + recovered + lost
++ unrepaired + discarded + unaccounted``, and over a fixed topology ``addressed`` is the
+senders' ``sent`` times their fan-out.
 """
 
 from __future__ import annotations
@@ -12,9 +22,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from coordinator.db import JobDevice, RoundMetric
-from meshfl.contract import JobLedger, LedgerRoundTotals, LedgerRow, LedgerTotals, RoundLedger
+from meshfl.contract import (
+    JobLedger,
+    LedgerDerived,
+    LedgerPair,
+    LedgerRoundTotals,
+    LedgerRow,
+    LedgerTotals,
+    RoundLedger,
+)
 
-__all__ = ["COUNTS", "REJECTIONS", "job_ledger"]
+__all__ = ["COUNTS", "OUTCOMES", "REJECTIONS", "derive", "job_ledger"]
+
+OUTCOMES = ("applied", "recovered", "lost", "unrepaired", "discarded", "unaccounted")
+"""What became of an addressed message, each exactly one of these (docs/reliability.md)."""
 
 REJECTIONS = (
     "rejected_malformed",
@@ -114,4 +135,55 @@ def job_ledger(
     totals["corrupted_applied"] = 0
     totals["devices_reporting"] = len(latest)
     totals["rounds_reported"] = len(per_round)
-    return JobLedger(job_id=job_id, rows=out_rows, rounds=rounds, totals=cast(LedgerTotals, totals))
+    out = JobLedger(job_id=job_id, rows=out_rows, rounds=rounds, totals=cast(LedgerTotals, totals))
+    derived = derive(reported, totals["sent"])
+    if derived is not None:
+        out["derived"] = derived
+    return out
+
+
+def derive(metrics: Sequence[RoundMetric], sent: int) -> LedgerDerived | None:
+    """What became of every sender's messages at every receiver (the module docstring).
+
+    Parameters
+    ----------
+    metrics
+        Round reports carrying a ledger; those without ``peers`` (older agents) are
+        skipped.
+    sent
+        The reported ``sent`` summed over the run (shown with the pairs).
+
+    Returns
+    -------
+    LedgerDerived or None
+        None when no report carried per-sender counts.
+
+    """
+    latest: dict[str, RoundMetric] = {}  # receiver → its latest report with peers
+    sequences: dict[str, list[tuple[int, int]]] = {}  # sender → (round, sequence)
+    for m in metrics:
+        ledger = m.metrics["ledger"]
+        if "sequence" in ledger:
+            sequences.setdefault(m.device_id, []).append((m.round, int(ledger["sequence"])))
+        newer = m.device_id not in latest or m.round >= latest[m.device_id].round
+        if isinstance(ledger.get("peers"), dict) and newer:
+            latest[m.device_id] = m
+    if not latest:
+        return None
+    pairs: list[LedgerPair] = []
+    for receiver in sorted(latest):
+        m = latest[receiver]
+        for sender, counts in sorted(m.metrics["ledger"]["peers"].items()):
+            used = max((q for r, q in sequences.get(sender, ()) if r <= m.round), default=0)
+            part = {k: int(counts.get(k, 0)) for k in OUTCOMES[:-1]}
+            part["unaccounted"] = max(0, used - int(counts.get("high", 0)))
+            addressed = int(counts.get("heard", 0)) + part["unaccounted"]
+            pairs.append(
+                cast(
+                    LedgerPair,
+                    {"sender": sender, "receiver": receiver, "addressed": addressed, **part},
+                )
+            )
+    rows = cast(list[dict[str, int]], pairs)
+    summed = {k: sum(int(p[k]) for p in rows) for k in ("addressed", *OUTCOMES)}
+    return cast(LedgerDerived, {"pairs": pairs, "sent": sent, **summed})

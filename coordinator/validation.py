@@ -358,7 +358,15 @@ def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
     ledger = metrics.get("ledger")
     if ledger is not None:
         for field, value in cast(Mapping[str, int], ledger).items():  # every one an int
-            _number(f"ledger.{field}", value, 0, _MAX_COUNT)
+            if field != "peers":
+                _number(f"ledger.{field}", value, 0, _MAX_COUNT)
+        peers = cast(Mapping[str, Mapping[str, int]], ledger.get("peers") or {})
+        if len(peers) > 100_000:
+            raise ConfigError("ledger.peers lists more senders than any device has")
+        for sender, counts in peers.items():
+            for field, value in counts.items():  # discarded < 0 would be an agent's bug: shown
+                low = -_MAX_COUNT if field == "discarded" else 0
+                _number(f"ledger.peers.{sender[:64]}.{field}", value, low, _MAX_COUNT)
 
 
 def validate_done(done: DeviceDone) -> None:

@@ -12,7 +12,12 @@ file, fsync, ``os.replace``: :func:`meshfl.files.atomic_write`). It holds:
   x̂_j are not saved: a resumed device asks every neighbour for a keyframe, which
   replaces them. D-PSGD keeps nothing else (the neighbours' models come again);
 - ε spent so far (DP jobs; the coordinator's accountant stays the authority), the job
-  spec's and the model's hashes.
+  spec's and the model's hashes;
+- the delivery ledger's state and the sequence numbers already received from each
+  neighbour (:meth:`edge_agent.ledger.DeliveryLedger.state`), and the latest round
+  reports: the checkpoint is written *before* the round's report is posted, and a
+  resumed agent posts them again (the coordinator keeps the first of each round), so a
+  round's report and the ledger's counts are never lost nor counted twice by a crash.
 
 Format: an uncompressed ``.npz`` (``np.load(allow_pickle=False)``, never pickle) whose
 ``meta`` entry is UTF-8 JSON; arrays ``param:<name>``, ``own:<name>``, ``shuffle``. A
@@ -99,6 +104,8 @@ class Checkpoint:
     algorithm: dict[str, Any] = field(default_factory=dict)
     epsilon: float | None = None
     written_at: float = 0.0
+    delivery: dict[str, Any] = field(default_factory=dict)
+    reports: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def first_sequence(self) -> int:
@@ -255,6 +262,8 @@ def _arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         "algorithm": checkpoint.algorithm,
         "epsilon": checkpoint.epsilon,
         "written_at": checkpoint.written_at or time.time(),
+        "delivery": checkpoint.delivery,
+        "reports": checkpoint.reports,
     }
     arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
     for name, a in checkpoint.params.items():
@@ -278,6 +287,11 @@ def _read(path: Path) -> Checkpoint:
         own = {n: npz[f"own:{n}"] for n in names} if meta["own_replica"] else None
         shuffle = npz["shuffle"]
     epsilon = meta.get("epsilon")
+    delivery, reports = meta.get("delivery") or {}, meta.get("reports") or []
+    if not isinstance(delivery, dict):
+        raise ValueError("delivery is not a JSON object")
+    if not (isinstance(reports, list) and all(isinstance(r, dict) for r in reports)):
+        raise ValueError("reports is not a list of JSON objects")
     return Checkpoint(
         job_id=str(meta["job_id"]),
         round=_int(meta["round"]),
@@ -290,6 +304,8 @@ def _read(path: Path) -> Checkpoint:
         algorithm=dict(meta.get("algorithm") or {}),
         epsilon=None if epsilon is None else float(epsilon),
         written_at=float(meta.get("written_at", 0.0)),
+        delivery=delivery,
+        reports=reports,
     )
 
 

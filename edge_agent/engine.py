@@ -96,6 +96,8 @@ second before this device's own connection dropped are the broker's doing, not t
 neighbours' (ignored after the reconnect)."""
 MIN_REPAIR_AFTER_S = 0.2
 MAX_REPAIR_AFTER_S = 2.0
+MAX_ID_CHARS = 64
+"""Longest device id (:func:`meshfl.wire.validate_id`)."""
 """Bounds of ``repair_after_s`` (deadline / 8 between them)."""
 
 
@@ -218,6 +220,7 @@ class GossipEngine(Inbox):
             folder=outbox_folder,
             restore=first_sequence > 0,
         )
+        self._sequence = max(self._sequence, self.outbox.high)  # resumed: never a number twice
         self.repair_after_s = min(max(deadline_s / 8, MIN_REPAIR_AFTER_S), MAX_REPAIR_AFTER_S)
         """Seconds a sync round waits for a neighbour's message before asking for it again."""
         self._next_repair: dict[str, float] = {}  # peer → earliest time of its next request
@@ -225,6 +228,7 @@ class GossipEngine(Inbox):
         self._reconnects = 0  # the transport's reconnects when the status was last published
         self._reconnected_at = -1e9  # clock() when a reconnect was last noticed
         self._done_self = False  # announced done (linger)
+        self._longest_inbox = inbox_topic(fleet, "x" * MAX_ID_CHARS, device_id)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -438,6 +442,7 @@ class GossipEngine(Inbox):
             "unsigned": stats.unsigned,
             "bad_signature": stats.bad_signature,
             "replayed": stats.replayed,
+            "sequence": self._sequence,
         }
         return self.ledger.take_round(counts, final=final)
 
@@ -468,7 +473,11 @@ class GossipEngine(Inbox):
         topic = delta_topic(self.fleet, self.device_id)
         message = encode_envelope(env, self.signer)
         self.ledger.counts.sent += 1
-        size = self.transport.chunk_size(topic, self.max_payload)  # the broker may allow less
+        # Sized for the longest topic it may travel on (a re-send: an inbox topic).
+        size = min(
+            self.transport.chunk_size(topic, self.max_payload),
+            self.transport.chunk_size(self._longest_inbox, self.max_payload),
+        )
         chunks = split_message(message, env.message_id, size)
         self.outbox.add(self._sequence, round_, chunks, self.peers - self._offline)
         for chunk in chunks:
@@ -538,7 +547,11 @@ class GossipEngine(Inbox):
             return
         self._served[peer] = now
         topic = inbox_topic(self.fleet, peer, self.device_id)
+        limit = self.transport.chunk_size(topic, max(len(c) for _, e in kept for c in e.chunks))
         for sequence, entry in kept:
+            if any(len(c) > limit for c in entry.chunks):  # a broker with a smaller limit now
+                log.debug("message %d is too large to re-send now: a keyframe repairs it", sequence)
+                continue
             for chunk in entry.chunks:
                 self.transport.publish(topic, chunk, qos=1)
             self.stats.resent += 1

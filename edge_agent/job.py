@@ -306,6 +306,8 @@ class JobRunner:
         async_mode = spec.get("mode", "sync") == "async"
         # Reports go out on the reporter's thread: no round waits for the coordinator.
         reporter = Reporter(self.client, self.device_id, self.job_id, self.config.poll_s)
+        for report in self.resume.unposted:  # maybe never posted before a crash
+            reporter.post_metrics(report)
         try:
             while round_ <= spec["rounds"]:
                 if self.privacy.dp and not self._spend(round_, releases):
@@ -362,13 +364,13 @@ class JobRunner:
                     refused = now_refused
                 if isinstance(engine, GossipEngine):  # docs/reliability.md
                     metrics["ledger"] = engine.take_ledger(final=round_ >= spec["rounds"])
+                log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
+                if isinstance(engine, GossipEngine):  # with the report, before it is posted
+                    self.resume.save(
+                        engine, trainer, round_, self.epsilon if self.privacy.dp else None, metrics
+                    )
                 reporter.post_metrics(metrics)
                 self._observe(metrics, engine)
-                log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
-                if isinstance(engine, GossipEngine):
-                    self.resume.save(
-                        engine, trainer, round_, self.epsilon if self.privacy.dp else None
-                    )
                 if (
                     refresh_s > 0
                     and round_ < spec["rounds"]

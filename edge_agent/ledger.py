@@ -23,6 +23,23 @@ last ``unrepaired``.
 Sequence numbers are expected from 1 for the neighbours this device tracks when it
 starts; for a peer added later, and for every peer of a joiner, from the first one that
 arrives (the earlier ones were not addressed to this device).
+
+**Per sender, exactly.** For each tracked sender the ledger also keeps how many of its
+sequence numbers it has *heard of* (every number up to the highest that arrived, from
+where counting started) and what became of each, once: ``applied`` (unique),
+``recovered`` (by a keyframe), ``lost``, still ``unrepaired``, or — arrived, but never
+applied nor repaired — ``discarded`` (stale, refused, held for a round never run), so
+that ``heard = applied + recovered + lost + unrepaired + discarded`` for every sender.
+The round report carries these per sender (``peers``) with this device's own last
+sequence number (``sequence``); the coordinator derives from them, for every
+(sender, receiver), the numbers the sender used that the receiver never heard of
+(*unaccounted*: :mod:`coordinator.ledger`).
+
+**Through a crash.** :meth:`DeliveryLedger.state` is saved in the job's checkpoint with
+the round's report, before the report is posted; :meth:`DeliveryLedger.restore` puts it
+back in a resumed agent, so counts survive the agent's own restart: what happened after
+the checkpoint is undone by the crash (the replicas are reset by keyframes, which recover
+every message after the checkpoint) and counted again after it.
 """
 
 from __future__ import annotations
@@ -33,7 +50,7 @@ from typing import cast
 
 from meshfl.contract import RoundLedger
 
-__all__ = ["DeliveryLedger", "LedgerCounts"]
+__all__ = ["DeliveryLedger", "LedgerCounts", "PeerCounts", "from_ranges", "to_ranges"]
 
 
 @dataclass
@@ -63,6 +80,20 @@ class LedgerCounts:
 MAX_GAP = 1_000_000
 """Most sequence numbers one jump can make missing (keeps every count far below 2**53, the
 coordinator's plausibility bound, whatever a sender claims)."""
+
+
+def _ranges_of(ranges: object) -> list[tuple[int, int]]:
+    """``[lo, hi]`` pairs checked (ValueError if ``ranges`` is not a list of them)."""
+    if not isinstance(ranges, list):
+        raise ValueError("ranges must be a list")
+    out = []
+    for item in ranges:
+        if not (isinstance(item, list) and len(item) == 2 and all(_is_int(v) for v in item)):
+            raise ValueError(f"bad range {item!r}")
+        if not 0 <= item[0] <= item[1]:
+            raise ValueError(f"bad range {item!r}")
+        out.append((item[0], item[1]))
+    return out
 
 
 class _Gaps:
@@ -129,6 +160,46 @@ class _Gaps:
         return removed
 
 
+@dataclass
+class PeerCounts:
+    """What became of one sender's sequence numbers at this receiver (cumulative)."""
+
+    heard: int = 0
+    applied: int = 0
+    recovered: int = 0
+    lost: int = 0
+
+
+_ENGINE_FIELDS = ("applied", "rejected_stale", "duplicates", "rejected_unsigned",
+                  "rejected_signature", "rejected_replayed")  # fmt: skip
+"""Counts the engine keeps (restarted at 0 by a new process): the ledger adds a base."""
+
+
+def to_ranges(numbers: Collection[int]) -> list[list[int]]:
+    """Sorted disjoint ``[lo, hi]`` ranges covering ``numbers``."""
+    out: list[list[int]] = []
+    for n in sorted(numbers):
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return out
+
+
+def from_ranges(ranges: object) -> set[int]:
+    """The numbers of ``[lo, hi]`` ranges (ValueError if they are not such ranges)."""
+    out: set[int] = set()
+    for lo, hi in _ranges_of(ranges):
+        if hi - lo > MAX_GAP:
+            raise ValueError(f"range {[lo, hi]} is too long")
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class DeliveryLedger:
     """Counts one device's deliveries, repairs and losses (see the module docstring).
 
@@ -148,6 +219,11 @@ class DeliveryLedger:
         self._seen: set[str] = set()  # senders with at least one message since tracked
         self._unrepaired: dict[str, _Gaps] = {}
         self._applied: dict[str, set[int]] = {}
+        self._peer: dict[str, PeerCounts] = {}
+        self._base = dict.fromkeys(_ENGINE_FIELDS, 0)  # engine counts of earlier processes
+
+    def _of(self, peer: str) -> PeerCounts:
+        return self._peer.setdefault(peer, PeerCounts())
 
     @property
     def unrepaired(self) -> int:
@@ -162,7 +238,9 @@ class DeliveryLedger:
     def untrack(self, peers: Collection[str]) -> None:
         """Stop tracking ``peers``: their unrepaired messages count as lost."""
         for peer in peers:
-            self.counts.lost += len(self._unrepaired.pop(peer, ()))
+            gone = len(self._unrepaired.pop(peer, ()))
+            self.counts.lost += gone
+            self._of(peer).lost += gone
             self._floor.pop(peer, None)  # tracked again later: from its first message
             self._high.pop(peer, None)
             self._seen.discard(peer)
@@ -180,6 +258,8 @@ class DeliveryLedger:
         if floor is None:  # a peer added later (or never tracked): from this message on
             floor = self._floor[sender] = sequence - 1
         high = max(self._high.get(sender, floor), floor)
+        if sequence > high:
+            self._of(sender).heard += min(sequence - high, MAX_GAP + 1)
         gaps = self._unrepaired.setdefault(sender, _Gaps())
         if sequence > high + 1:  # every number in between is missing (none arrived above high)
             # A jump past MAX_GAP is no run of real messages (a forged sequence number in
@@ -203,6 +283,8 @@ class DeliveryLedger:
         done = self._applied.setdefault(sender, set())
         if sequence in done:
             self.counts.applied_twice += 1
+        elif sequence > (self._floor.get(sender) or 0):
+            self._of(sender).applied += 1
         done.add(sequence)
         pending = self._unrepaired.get(sender)
         if pending is None:
@@ -210,7 +292,102 @@ class DeliveryLedger:
         if pending.discard(sequence):
             self.counts.delivered_late += 1
         if full_state:
-            self.counts.recovered_by_keyframe += pending.remove_below(sequence)
+            recovered = pending.remove_below(sequence)
+            self.counts.recovered_by_keyframe += recovered
+            self._of(sender).recovered += recovered
+
+    def peer_counts(self) -> dict[str, dict[str, int]]:
+        """What became of each sender's sequence numbers here so far (cumulative).
+
+        Per sender: ``high`` (the highest heard of), ``heard``, ``applied``,
+        ``recovered``, ``lost``, ``unrepaired`` and ``discarded`` (module docstring).
+        """
+        out: dict[str, dict[str, int]] = {}
+        for peer in sorted(set(self._peer) | set(self._high)):
+            p = self._of(peer)
+            pending = len(self._unrepaired.get(peer, ()))
+            out[peer] = {
+                "high": self._high.get(peer, 0),
+                "heard": p.heard,
+                "applied": p.applied,
+                "recovered": p.recovered,
+                "lost": p.lost,
+                "unrepaired": pending,
+                "discarded": p.heard - p.applied - p.recovered - p.lost - pending,
+            }
+        return out
+
+    def state(self) -> dict[str, object]:
+        """Everything the ledger knows, as JSON (saved in the job's checkpoint)."""
+        return {
+            "counts": {f.name: int(getattr(self._reported, f.name)) for f in fields(LedgerCounts)},
+            "floor": dict(self._floor),
+            "high": dict(self._high),
+            "seen": sorted(self._seen),
+            "unrepaired": {p: [list(r) for r in g._ranges] for p, g in self._unrepaired.items()},
+            "applied": {p: to_ranges(s) for p, s in self._applied.items()},
+            "peers": {p: [c.heard, c.applied, c.recovered, c.lost] for p, c in self._peer.items()},
+        }
+
+    def restore(self, state: Mapping[str, object]) -> None:
+        """Put back :meth:`state` of an earlier process of this agent (after a crash).
+
+        The counts reported so far continue (the engine's restarted counters are added
+        to them); senders heard of before keep their sequence numbers, so that the
+        messages sent since the checkpoint show as missing and are recovered by the
+        keyframes a resumed device asks for. Raises ValueError if ``state`` is not one.
+        """
+        counts = state.get("counts")
+        if not isinstance(counts, dict) or not all(
+            _is_int(counts.get(f.name, 0)) for f in fields(LedgerCounts)
+        ):
+            raise ValueError("bad ledger counts")
+        restored = LedgerCounts(
+            **{f.name: int(counts.get(f.name, 0)) for f in fields(LedgerCounts)}
+        )
+        floor, high, seen = state.get("floor"), state.get("high"), state.get("seen")
+        gaps, applied, peers = state.get("unrepaired"), state.get("applied"), state.get("peers")
+        if not (isinstance(floor, dict) and isinstance(high, dict) and isinstance(seen, list)):
+            raise ValueError("bad ledger state")
+        if not (isinstance(gaps, dict) and isinstance(applied, dict) and isinstance(peers, dict)):
+            raise ValueError("bad ledger state")
+        if not all(v is None or _is_int(v) for v in floor.values()):
+            raise ValueError("bad ledger floors")
+        if not all(_is_int(v) for v in high.values()):
+            raise ValueError("bad ledger highs")
+        per: dict[str, PeerCounts] = {}
+        for peer, values in peers.items():
+            if not (isinstance(values, list) and len(values) == 4 and all(map(_is_int, values))):
+                raise ValueError("bad ledger peer counts")
+            per[str(peer)] = PeerCounts(*values)
+        pending: dict[str, _Gaps] = {}
+        for peer, ranges in gaps.items():
+            g = _Gaps()
+            for lo, hi in sorted(_ranges_of(ranges)):
+                g.add_range(lo, hi)
+            pending[str(peer)] = g
+        done = {str(p): from_ranges(r) for p, r in applied.items()}
+        self.counts = restored
+        self._reported = LedgerCounts(**vars(restored))
+        for name in _ENGINE_FIELDS:
+            self._base[name] = getattr(restored, name)
+        for peer, value in floor.items():
+            if str(peer) in self._floor or value is not None:
+                self._floor[str(peer)] = value
+        self._high = {str(p): int(v) for p, v in high.items()}
+        self._seen = {str(p) for p in seen} & set(self._high)
+        self._unrepaired = pending
+        self._applied = done
+        self._peer = per
+
+    def forgotten(self, sender: str, sequences: Collection[int]) -> None:
+        """``sender``'s ``sequences`` arrived but were held unapplied by a process now gone.
+
+        A message held for a later round dies with the process (:func:`edge_agent.resume.
+        restore_delivery`): it now awaits repair, like one that arrived unusable.
+        """
+        for sequence in sequences:
+            self.unusable(sender, sequence)
 
     def take_round(self, engine: Mapping[str, int], *, final: bool = False) -> RoundLedger:
         """The counts since the previous call, as the round's report carries them.
@@ -225,19 +402,24 @@ class DeliveryLedger:
             This device's last round of the job: every unrepaired message becomes lost.
 
         """
-        c = self.counts
-        c.applied, c.rejected_stale = engine["applied"], engine["stale"]
-        c.duplicates = engine["duplicates"]
-        c.rejected_unsigned = engine["unsigned"]
-        c.rejected_signature = engine["bad_signature"]
-        c.rejected_replayed = engine["replayed"]
+        c, base = self.counts, self._base
+        c.applied = base["applied"] + engine["applied"]
+        c.rejected_stale = base["rejected_stale"] + engine["stale"]
+        c.duplicates = base["duplicates"] + engine["duplicates"]
+        c.rejected_unsigned = base["rejected_unsigned"] + engine["unsigned"]
+        c.rejected_signature = base["rejected_signature"] + engine["bad_signature"]
+        c.rejected_replayed = base["rejected_replayed"] + engine["replayed"]
         if final:
-            for pending in self._unrepaired.values():
+            for peer, pending in self._unrepaired.items():
                 c.lost += len(pending)
+                self._of(peer).lost += len(pending)
             self._unrepaired.clear()
         now = {f.name: int(getattr(c, f.name)) for f in fields(LedgerCounts)}
         before = {f.name: int(getattr(self._reported, f.name)) for f in fields(LedgerCounts)}
         self._reported = LedgerCounts(**now)
         delta = {k: now[k] - before[k] for k in now}
         delta["unrepaired"] = self.unrepaired
-        return cast(RoundLedger, delta)
+        out = cast(dict[str, object], delta)
+        out["sequence"] = int(engine.get("sequence", 0))
+        out["peers"] = self.peer_counts()
+        return cast(RoundLedger, out)

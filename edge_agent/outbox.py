@@ -33,7 +33,10 @@ message published just before a crash (perhaps never delivered) can still be re-
 the restarted agent, which loads the folder back when it resumes from its checkpoint. A
 file is ``MFOB1``, a newline, one JSON line ``{"round": r, "pending": [...], "chunks": [n, ...]}``
 and the chunks' bytes, named by the sequence number; acknowledgements are not written
-back (a restarted agent may re-send a copy someone holds: a counted duplicate).
+back (a restarted agent may re-send a copy someone holds: a counted duplicate). A file
+``sequence`` holds the highest sequence number ever added (written before the message):
+a resumed engine numbers its messages after it (:attr:`Outbox.high`), so no number is
+used twice however many messages went out after the last checkpoint.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class Outbox:
         self.folder = folder
         self._entries: OrderedDict[int, OutboxEntry] = OrderedDict()
         self._bytes = 0
+        self.high = 0
+        """The highest sequence number added, in this process or (restored) before it."""
         if folder is not None:
             try:
                 if not restore:
@@ -132,6 +137,12 @@ class Outbox:
         ones while the bytes held exceed ``max_bytes``.
         """
         entry = OutboxEntry(round_, list(chunks), set(peers))
+        self.high = max(self.high, sequence)
+        if self.folder is not None:
+            try:
+                atomic_write(self.folder / "sequence", lambda f: f.write(b"%d\n" % self.high))
+            except OSError as exc:
+                self._in_memory(exc)
         if not entry.pending:
             self._expire(round_)
             return
@@ -207,6 +218,10 @@ class Outbox:
         return self.folder / f"{sequence:020d}.msg"
 
     def _load(self, folder: Path) -> None:
+        try:
+            self.high = max(0, int((folder / "sequence").read_text().strip()))
+        except (OSError, ValueError):
+            self.high = 0
         for path in sorted(folder.glob("*.msg")):
             try:
                 sequence = int(path.stem)
@@ -217,6 +232,7 @@ class Outbox:
                 continue
             self._entries[sequence] = entry
             self._bytes += entry.size
+            self.high = max(self.high, sequence)
         if self._entries:
             log.info("outbox: %d messages kept from before the restart", len(self._entries))
 

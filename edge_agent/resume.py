@@ -9,8 +9,19 @@
    replica x̂_i and ε put back; every neighbour is asked for a keyframe;
 3. :meth:`Resumer.first_round` — after the engine started: the round to run next
    (the one after the checkpoint's; round 1 is never run again) and the catch-up;
-4. :meth:`Resumer.no_wait` each round, :meth:`Resumer.save` after each round, and
-   :meth:`Resumer.remove` when the job ends for this device.
+4. :meth:`Resumer.no_wait` each round, :meth:`Resumer.save` after each round — with
+   the round's report, before it is posted — and :meth:`Resumer.remove` when the job
+   ends for this device; :attr:`Resumer.unposted` are the reports a resumed agent posts
+   again (the coordinator keeps the first of each round).
+
+**An exact ledger through a crash.** The checkpoint holds the delivery ledger's state
+as of the round's report. :meth:`Resumer.restore` puts it back, so what this device
+received and did before the crash is counted once, and what it received after the
+checkpoint — lost with the process's memory, its replicas reset — is recovered by the
+keyframes it asks for. The sequence numbers it skips (those it may have used after the
+checkpoint: :attr:`edge_agent.outbox.Outbox.high`, at least ``SEQUENCE_MARGIN``) count as
+sent in its next report: each neighbour applied them before the crash or recovers them by
+the resumed device's first message, a keyframe.
 
 **Catch-up.** The neighbours went on while this device was down, so their messages of
 the rounds it now runs were sent long ago. It waits for their keyframes (their latest
@@ -26,9 +37,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from edge_agent.checkpoint import (
     Checkpoint,
@@ -37,16 +48,20 @@ from edge_agent.checkpoint import (
     restore_algorithm,
     spec_digest,
 )
-from meshfl.contract import JobSpec
+from edge_agent.ledger import from_ranges, to_ranges
+from meshfl.contract import JobSpec, RoundMetrics
 
 if TYPE_CHECKING:
     from edge_agent.engine import GossipEngine
     from edge_agent.trainer import Trainer
     from edge_agent.versions import TopologyVersion
 
-__all__ = ["Resumer"]
+__all__ = ["Resumer", "delivery_state", "restore_delivery"]
 
 log = logging.getLogger("meshfl.agent.job")
+
+KEEP_REPORTS = 16
+"""Round reports kept in a checkpoint: more than the reporter lets wait unposted (8)."""
 
 
 class Resumer:
@@ -83,6 +98,8 @@ class Resumer:
         self.checkpoint: Checkpoint | None = None
         self.behind_until = 0
         self.save_s: list[float] = []
+        self.reports: list[RoundMetrics] = []  # the latest, kept in each checkpoint
+        self.first_sequence = 0  # the resumed engine's (restore)
 
     def load(self, trainer: Trainer, topo: TopologyVersion) -> Checkpoint | None:
         """The job's usable checkpoint, kept as :attr:`checkpoint`; None if there is none.
@@ -126,6 +143,14 @@ class Resumer:
         trainer.set_params(checkpoint.params)
         trainer.set_shuffle_state(checkpoint.shuffle)
         restore_algorithm(engine.algorithm, checkpoint)
+        self.reports = [cast(RoundMetrics, r) for r in checkpoint.reports]
+        self.first_sequence = engine.sequence
+        try:
+            restore_delivery(engine, checkpoint.delivery)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("the checkpoint's delivery ledger is unusable (%s): counted afresh", exc)
+        else:  # the numbers skipped since the checkpoint: sent before the crash, or never
+            engine.ledger.counts.sent += engine.sequence - checkpoint.sequence
         engine.request_keyframes(topo.peers())
 
     def first_round(self, engine: GossipEngine, start_round: int, topo: TopologyVersion) -> int:
@@ -154,7 +179,7 @@ class Resumer:
             round_,
             checkpoint.round,
             max(0.0, time.time() - checkpoint.written_at),
-            checkpoint.first_sequence + 1,
+            self.first_sequence + 1,
             ", ".join(sorted(topo.peers())) or "nobody",
         )
         if start_round > round_:
@@ -190,13 +215,26 @@ class Resumer:
         """The neighbours not to wait for at ``round_``: all of them while catching up."""
         return set(neighbours) if round_ < self.behind_until else set()
 
+    @property
+    def unposted(self) -> list[RoundMetrics]:
+        """The reports the checkpoint resumed from holds: maybe never posted (a crash)."""
+        return [] if self.checkpoint is None else list(self.reports)
+
     def save(
-        self, engine: GossipEngine, trainer: Trainer, round_: int, epsilon: float | None
+        self,
+        engine: GossipEngine,
+        trainer: Trainer,
+        round_: int,
+        epsilon: float | None,
+        report: RoundMetrics | None = None,
     ) -> None:
         """Write the job's checkpoint after ``round_``; a failure is logged, never raised.
 
-        ``epsilon``: the DP budget spent so far (None: not a DP job).
+        ``epsilon``: the DP budget spent so far (None: not a DP job). ``report``: the
+        round's report, about to be posted; the latest :data:`KEEP_REPORTS` are kept.
         """
+        if report is not None:
+            self.reports = [*self.reports, report][-KEEP_REPORTS:]
         own, meta = algorithm_state(engine.algorithm)
         checkpoint = Checkpoint(
             job_id=self.job_id,
@@ -210,15 +248,17 @@ class Resumer:
             algorithm=meta,
             epsilon=epsilon,
             written_at=time.time(),
+            delivery=delivery_state(engine),
+            reports=[dict(r) for r in self.reports],
         )
         try:
             seconds = self.store.save(checkpoint)
-        except OSError as exc:
+        except (OSError, TypeError, ValueError) as exc:  # a full or read-only disk, mostly
             log.warning(
                 "round %d: could not write the checkpoint (%s); a restart would run the job"
                 " from round 1",
                 round_,
-                exc.strerror or exc,
+                getattr(exc, "strerror", None) or exc,
             )
             return
         self.save_s.append(seconds)
@@ -232,3 +272,38 @@ class Resumer:
     def remove(self) -> None:
         """Delete the job's checkpoint and outbox: the job is over for this device."""
         self.store.remove(self.job_id)
+
+
+def delivery_state(engine: GossipEngine) -> dict[str, Any]:
+    """The ledger's state and the sequence numbers received per peer (a checkpoint's)."""
+    held: dict[str, set[int]] = {}  # arrived for a later round: lost with the process
+    for envelopes in engine._held.values():
+        for env in envelopes:
+            held.setdefault(env.sender, set()).add(env.sequence)
+    seen = {p: to_ranges(s - held.get(p, set())) for p, s in engine._applied.items()}
+    return {
+        "ledger": engine.ledger.state(),
+        "seen": seen,  # the inbox's (sender, sequence) pairs
+        "held": {p: to_ranges(s) for p, s in held.items()},
+    }
+
+
+def restore_delivery(engine: GossipEngine, state: Mapping[str, Any]) -> None:
+    """Put back :func:`delivery_state` of this device's earlier process (before start).
+
+    Raises ValueError if ``state`` is not one (nothing is changed then).
+    """
+    seen = state.get("seen") or {}
+    if not isinstance(seen, dict):
+        raise ValueError("seen is not a JSON object")
+    held = state.get("held") or {}
+    if not isinstance(held, dict):
+        raise ValueError("held is not a JSON object")
+    numbers = {str(p): from_ranges(r) for p, r in seen.items()}
+    forgotten = {str(p): from_ranges(r) for p, r in held.items()}
+    engine.ledger.restore(state.get("ledger") or {})
+    for peer, sequences in forgotten.items():
+        engine.ledger.forgotten(peer, sequences)
+    for peer, received in numbers.items():
+        if peer in engine._applied:
+            engine._applied[peer] |= received

@@ -592,6 +592,28 @@ class RoundLedger(TypedDict):
     applied_twice: int  # (sender, sequence) pairs applied again: 0 unless a bug
     # envelopes this device re-sent on neighbours' repair requests; absent from older agents
     retransmitted: NotRequired[int]
+    # Issue 25 (absent from older agents): this device's last sequence number, and what
+    # became of each tracked sender's sequence numbers here so far (cumulative).
+    sequence: NotRequired[int]
+    peers: NotRequired[dict[str, PeerLedger]]
+
+
+class PeerLedger(TypedDict):
+    """What became of one sender's sequence numbers at one receiver, so far.
+
+    ``heard`` counts the numbers up to ``high`` (the highest that arrived) from where the
+    receiver started counting; each is exactly one of ``applied``, ``recovered`` (by a
+    keyframe), ``lost``, ``unrepaired`` or ``discarded`` (arrived, never applied nor
+    repaired). docs/reliability.md.
+    """
+
+    high: int
+    heard: int
+    applied: int
+    recovered: int
+    lost: int
+    unrepaired: int
+    discarded: int
 
 
 class DeviceDone(TypedDict):
@@ -752,6 +774,42 @@ class JobLedger(TypedDict):
     rows: list[LedgerRow]  # by round, then device index
     rounds: list[LedgerRoundTotals]  # by round
     totals: LedgerTotals
+    # Issue 25: per (sender, receiver), from the devices' latest reports (absent: no
+    # device reported per-sender counts).
+    derived: NotRequired[LedgerDerived]
+
+
+class LedgerPair(TypedDict):
+    """What became of one sender's messages at one neighbour (docs/reliability.md).
+
+    ``addressed`` = ``applied + recovered + lost + unrepaired + discarded + unaccounted``
+    exactly; ``unaccounted``: numbers the sender used after the last one the receiver
+    heard of (dropped by a broker, or sent after the receiver stopped).
+    """
+
+    sender: str
+    receiver: str
+    addressed: int
+    applied: int
+    recovered: int
+    lost: int
+    unrepaired: int
+    discarded: int
+    unaccounted: int
+
+
+class LedgerDerived(TypedDict):
+    """Every (sender, receiver) pair's :class:`LedgerPair` and their sums."""
+
+    pairs: list[LedgerPair]
+    sent: int  # the senders' sequence numbers used, summed (reported ``sent``)
+    addressed: int
+    applied: int
+    recovered: int
+    lost: int
+    unrepaired: int
+    discarded: int
+    unaccounted: int
 
 
 class JobDevicePublic(TypedDict):

@@ -148,10 +148,13 @@ def ledger_section(ledger: JobLedger) -> dict[str, Any]:
     ``ledger`` is ``GET /jobs/{id}/ledger``'s answer; its per-device rows stay at the
     coordinator. docs/reliability.md defines the fields.
     """
-    return {
+    section: dict[str, Any] = {
         "totals": dict(ledger["totals"]),
         "rounds": [{k: dict(r)[k] for k in _LEDGER_ROUND} for r in ledger["rounds"]],
     }
+    if "derived" in ledger:  # per (sender, receiver): what became of every message
+        section["derived"] = dict(ledger["derived"])
+    return section
 
 
 def ledger_line(section: dict[str, Any]) -> str:

@@ -160,3 +160,51 @@ def test_report_json_carries_the_ledger_and_the_summary_line(
         " 0 delivered late, 0 re-sent on request, 1 recovered by keyframe, 0 lost"
     )
     assert ledger_line({"error": "refused (404)"}) == "ledger: not available (refused (404))"
+
+
+def _peer(high: int, heard: int, **outcomes: int) -> dict[str, int]:
+    counts = dict.fromkeys(("applied", "recovered", "lost", "unrepaired", "discarded"), 0)
+    counts.update(outcomes)
+    return {"high": high, "heard": heard, **counts}
+
+
+def test_the_coordinator_derives_every_senders_messages_at_every_receiver(
+    client: TestClient, job: tuple[str, Devices]
+) -> None:
+    # Issue 25: d0 used sequence numbers 1-3, d1 1-2. d1 heard of d0's 1-2 (applied 1,
+    # recovered 2 by keyframe) and never of 3 (a broker dropped it): unaccounted.
+    # d0 applied both of d1's. sent × fan-out = every outcome, exactly.
+    job_id, devices = job
+    (d0, h0), (d1, h1), _ = devices
+    url = f"{API}/jobs/{job_id}/metrics"
+    posts = [
+        (h0, {**report(1, sent=2), **{}}),
+        (h0, report(2, sent=1)),
+        (h1, report(1, sent=1)),
+        (h1, report(2, sent=1)),
+    ]
+    posts[1][1]["ledger"].update(sequence=3, peers={d1: _peer(2, 2, applied=2)})
+    posts[3][1]["ledger"].update(sequence=2, peers={d0: _peer(2, 2, applied=1, recovered=1)})
+    for headers, body in posts:
+        assert client.post(url, json=body, headers=headers).status_code == 204
+
+    derived = client.get(f"{API}/jobs/{job_id}/ledger", headers=ADMIN_H).json()["derived"]
+
+    pairs = {(p["sender"], p["receiver"]): p for p in derived["pairs"]}
+    assert pairs[d0, d1]["addressed"] == 3 and pairs[d0, d1]["unaccounted"] == 1
+    assert (pairs[d0, d1]["applied"], pairs[d0, d1]["recovered"]) == (1, 1)
+    assert pairs[d1, d0]["addressed"] == 2 and pairs[d1, d0]["unaccounted"] == 0
+    assert derived["sent"] == 5
+    outcomes = ("applied", "recovered", "lost", "unrepaired", "discarded", "unaccounted")
+    assert derived["addressed"] == 1 * derived["sent"] == sum(derived[k] for k in outcomes)
+    assert derived["unaccounted"] == 1
+
+
+def test_a_ledger_with_impossible_per_sender_counts_is_refused(
+    client: TestClient, job: tuple[str, Devices]
+) -> None:
+    job_id, devices = job
+    body = report(1, sent=1)
+    body["ledger"]["peers"] = {"x": {**_peer(1, 1), "heard": -1}}
+    answer = client.post(f"{API}/jobs/{job_id}/metrics", json=body, headers=devices[0][1])
+    assert answer.status_code in (400, 422) and "heard" in answer.text

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from edge_agent.engine import GossipEngine
 from edge_agent.outbox import Outbox
 from edge_agent.transport.base import Message
+from edge_agent.transport.limits import PUBLISH_OVERHEAD
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
-from meshfl.errors import PayloadError
+from meshfl.errors import PayloadError, TransportError
 from meshfl.wire import parse_topic, status_topic
 from meshfl.wire.repair import RepairRequest, decode_repair_request, encode_repair_request
 
@@ -155,7 +156,7 @@ def test_messages_on_disk_come_back_after_a_restart_and_go_when_acknowledged(
     box = Outbox(folder=folder)
     box.add(1, 1, [b"a1", b"", b"a3"], {"p", "q"})
     box.add(2, 2, [b"b" * 1000], {"p"})
-    assert sorted(f.name for f in folder.iterdir()) == [f"{1:020d}.msg", f"{2:020d}.msg"]
+    assert sorted(f.name for f in folder.glob("*.msg")) == [f"{1:020d}.msg", f"{2:020d}.msg"]
 
     again = Outbox(folder=folder, restore=True)  # the restarted agent
     assert len(again) == 2 and again.bytes_held == box.bytes_held
@@ -168,10 +169,10 @@ def test_messages_on_disk_come_back_after_a_restart_and_go_when_acknowledged(
     )
     assert [s for s, _ in again.after("p", 1)] == [2]  # p held 1; q still waits for it
     assert again.after("q", 1) == []  # now nobody waits for 1: its file is gone
-    assert sorted(f.name for f in folder.iterdir()) == [f"{2:020d}.msg"]
+    assert sorted(f.name for f in folder.glob("*.msg")) == [f"{2:020d}.msg"]
 
     fresh = Outbox(folder=folder)  # a fresh start numbers from 1 again: nothing kept
-    assert len(fresh) == 0 and list(folder.iterdir()) == []
+    assert len(fresh) == 0 and list(folder.glob("*.msg")) == []
     fresh.add(1, 1, [b"x"], {"p"})
     fresh.remove()
     assert not folder.exists()
@@ -193,7 +194,7 @@ def test_a_file_that_does_not_parse_is_dropped_with_a_warning(
     box = Outbox(folder=folder, restore=True)
 
     assert [s for s, _ in box.after("p", 0)] == [3]
-    assert sorted(f.name for f in folder.iterdir()) == [f"{3:020d}.msg"]
+    assert sorted(f.name for f in folder.glob("*.msg")) == [f"{3:020d}.msg"]
     assert caplog.text.count("does not parse") == 2
 
 
@@ -259,3 +260,48 @@ def test_a_folder_that_cannot_be_written_leaves_the_outbox_in_memory(
 
     assert box.folder is None and "keeping sent messages in memory only" in caplog.text
     assert [s for s, _ in box.after("p", 0)] == [1]
+
+
+class LimitedLosingTransport(LosingTransport):
+    """A :class:`LosingTransport` behind a broker whose CONNACK allows ``packet`` bytes.
+
+    Like :class:`~edge_agent.transport.mqtt.MqttTransport` it refuses to publish a
+    payload over the limit on its topic (Mosquitto would drop the connection).
+    """
+
+    def __init__(self, bus: MemoryBroker, every: int, packet: int) -> None:
+        super().__init__(bus, every)
+        self.packet = packet
+        self.too_large = 0
+
+    def payload_limit(self, topic: str) -> int | None:
+        return self.packet - PUBLISH_OVERHEAD - len(topic.encode())
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        limit = self.payload_limit(topic)
+        assert limit is not None
+        if len(payload) > limit:
+            self.too_large += 1
+            raise TransportError(f"cannot publish {len(payload)} bytes to {topic}: at most {limit}")
+        super().publish(topic, payload, qos=qos, retain=retain)
+
+
+def test_re_sends_fit_the_broker_packet_limit_and_repair_like_an_unlimited_broker() -> None:
+    # Issue 25: chunks sized for the delta topic were re-sent on the longer inbox topic
+    # and refused by the broker. Every chunk, first send or re-send, must fit.
+    bus = MemoryBroker()
+    transports: list[LimitedLosingTransport] = []
+
+    def limited(_id: str) -> LimitedLosingTransport:
+        transports.append(LimitedLosingTransport(bus, every=3, packet=150))
+        return transports[-1]
+
+    expected = reference(4, 6, "choco", "topk:0.3")
+    got, missing, engines = run_engines(limited, 4, 6, deadline_s=10.0, max_payload=1 << 20)
+
+    assert sum(t.lost for t in transports) > 0 and sum(e.stats.resent for e in engines) > 0
+    assert sum(t.too_large for t in transports) == 0
+    assert all(m == [] for per_device in missing for m in per_device)
+    for g, e in zip(got, expected, strict=True):
+        assert g is not None
+        np.testing.assert_array_equal(g["w"], e["w"])
