@@ -19,7 +19,13 @@ import numpy as np
 from meshfl.contract import JobPublic, ModelSpec
 from meshfl.errors import ConfigError, DataError
 
-__all__ = ["PARITY_TOLERANCE", "consensus_line", "mean_arrays", "onnx_section"]
+__all__ = [
+    "PARITY_TOLERANCE",
+    "consensus_line",
+    "mean_arrays",
+    "onnx_section",
+    "onnx_section_from_files",
+]
 
 PARITY_TOLERANCE = 1e-5
 """Largest max |logit(torch) − logit(onnxruntime)| accepted (issue 8); the value of
@@ -164,6 +170,30 @@ def onnx_section(
         "consensus": consensus,
         "failures": failures,
     }
+
+
+def onnx_section_from_files(
+    job: JobPublic,
+    spec: ModelSpec,
+    test_file: str,
+    models_dir: str,
+    out: str,
+    failed: Mapping[str, str],
+    published: str | None = None,
+) -> dict[str, Any]:
+    """:func:`onnx_section` given the test set's file and paths as strings (JSON).
+
+    What ``meshfl local`` runs in a child of its agents' zygote
+    (:meth:`meshfl.local.zygote.Zygote.call`), where torch is already imported, instead
+    of importing torch into the launcher.
+    """
+    from models.data import load_dataset_file
+
+    x_test, y_test = load_dataset_file(Path(test_file))
+    return onnx_section(
+        job, spec, x_test, y_test, Path(models_dir), Path(out), failed,
+        None if published is None else Path(published),
+    )  # fmt: skip
 
 
 def consensus_line(section: Mapping[str, Any]) -> str:

@@ -41,6 +41,7 @@ from meshfl.local.secure_broker import (
 )
 from meshfl.local.shaping import ShapingProxy
 from meshfl.local.validation import topology_fields, validate
+from meshfl.local.zygote import Zygote, zygote_enabled
 
 if TYPE_CHECKING:
     from broker.bridge import BridgedBrokers
@@ -211,10 +212,17 @@ def run_local(
         raise ConfigError(
             f"--out {out} is not a writable directory ({exc.strerror}); choose another"
         ) from None
-    device_files, test_file = _prepare_data(config)
-    spec = _job_spec(config, test_file)
-    _check_codec_policy(spec)
-    supervisor = Supervisor(out / "logs")
+    # The agents' zygote imports torch while the data is cut and the servers start.
+    zygote = Zygote(out / "logs") if zygote_enabled() else None
+    try:
+        device_files, test_file = _prepare_data(config)
+        spec = _job_spec(config, test_file)
+        _check_codec_policy(spec)
+    except BaseException:
+        if zygote is not None:
+            zygote.stop()
+        raise
+    supervisor = Supervisor(out / "logs", zygote=zygote)
     started = time.monotonic()
     hooks = Hooks(on_round, show, notify)
     say = notify or (lambda line: None)
@@ -328,8 +336,9 @@ def run_local(
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
         report["onnx"] = _onnx_section(
-            final_job, spec, test_file, out, failed, None if published is None else Path(published)
-        )
+            final_job, spec, test_file, out, failed, None if published is None else Path(published),
+            supervisor.zygote,
+        )  # fmt: skip
         report_path, plot_path = write_report(out, report)
         result = LocalRun(report, report_path, plot_path, failed)
         if on_report is not None:
@@ -406,10 +415,31 @@ def _onnx_section(
     out: Path,
     failed: dict[str, str],
     published: Path | None,
+    zygote: Zygote | None = None,
 ) -> dict[str, Any]:
-    """The report's ``onnx`` section, checking ``OUT/consensus.onnx`` (:mod:`.onnx_report`)."""
+    """The report's ``onnx`` section, checking ``OUT/consensus.onnx`` (:mod:`.onnx_report`).
+
+    With the agents' ``zygote`` it runs in a child forked from it: the launcher never
+    imports torch (seconds of CPU at the end of every run).
+    """
     from meshfl.local.onnx_report import onnx_section
     from models.data import load_dataset_file
+
+    if zygote is not None:
+        try:
+            section: dict[str, Any] = zygote.call(
+                "meshfl.local.onnx_report:onnx_section_from_files",
+                {
+                    "job": job, "spec": spec["model"], "test_file": str(test_file),
+                    "models_dir": str(out / "models"), "out": str(out), "failed": failed,
+                    "published": None if published is None else str(published),
+                },
+                out / "logs" / "onnx-check.log",
+                timeout_s=300.0,
+            )  # fmt: skip
+            return section
+        except MeshflError:
+            pass  # the zygote is gone or the child failed: check here instead
 
     x_test, y_test = load_dataset_file(test_file)
     return onnx_section(job, spec["model"], x_test, y_test, out / "models", out, failed, published)
