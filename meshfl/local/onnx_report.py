@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshfl.contract import JobPublic, ModelSpec
-from meshfl.errors import ConfigError, DataError
+from meshfl.errors import ConfigError, DataError, MeshflError
+
+if TYPE_CHECKING:
+    from meshfl.contract import JobSpec
+    from meshfl.local.zygote import Zygote
 
 __all__ = [
     "PARITY_TOLERANCE",
@@ -25,6 +29,7 @@ __all__ = [
     "mean_arrays",
     "onnx_section",
     "onnx_section_from_files",
+    "report_section",
 ]
 
 PARITY_TOLERANCE = 1e-5
@@ -193,6 +198,43 @@ def onnx_section_from_files(
     return onnx_section(
         job, spec, x_test, y_test, Path(models_dir), Path(out), failed,
         None if published is None else Path(published),
+    )  # fmt: skip
+
+
+def report_section(
+    job: JobPublic,
+    spec: JobSpec,
+    test_file: Path,
+    out: Path,
+    failed: Mapping[str, str],
+    published: Path | None,
+    zygote: Zygote | None = None,
+) -> dict[str, Any]:
+    """The report's ``onnx`` section of a local run, checking ``OUT/consensus.onnx``.
+
+    With the agents' ``zygote`` (:mod:`meshfl.local.zygote`) it runs in a child forked
+    from it, where torch is already imported: the launcher never imports torch, seconds
+    of CPU at the end of every run. Where the zygote is gone or its child fails, it runs
+    here. Agents' models are under ``OUT/models``.
+    """
+    if zygote is not None:
+        try:
+            section: dict[str, Any] = zygote.call(
+                "meshfl.local.onnx_report:onnx_section_from_files",
+                {
+                    "job": job, "spec": spec["model"], "test_file": str(test_file),
+                    "models_dir": str(out / "models"), "out": str(out), "failed": dict(failed),
+                    "published": None if published is None else str(published),
+                },
+                out / "logs" / "onnx-check.log",
+                timeout_s=300.0,
+            )  # fmt: skip
+            return section
+        except MeshflError:
+            pass  # check here instead
+    return onnx_section_from_files(
+        job, spec["model"], str(test_file), str(out / "models"), str(out), failed,
+        None if published is None else str(published),
     )  # fmt: skip
 
 

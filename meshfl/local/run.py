@@ -29,6 +29,7 @@ from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
 from meshfl.local.inprocess import check_in_process_options, coordinator_tuning, start_fleets
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
+from meshfl.local.onnx_report import report_section
 from meshfl.local.process_faults import ProcessFaults, broker_faults
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
 from meshfl.local.report import build_report, ledger_section, write_report
@@ -335,7 +336,7 @@ def run_local(
         say("job ended; fetching the consensus model and checking the ONNX exports")
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
-        report["onnx"] = _onnx_section(
+        report["onnx"] = report_section(
             final_job, spec, test_file, out, failed, None if published is None else Path(published),
             supervisor.zygote,
         )  # fmt: skip
@@ -406,43 +407,6 @@ def _unmixed(admin: AdminClient, job: JobPublic) -> int | None:
         )
     except MeshflError:
         return None
-
-
-def _onnx_section(
-    job: JobPublic,
-    spec: JobSpec,
-    test_file: Path,
-    out: Path,
-    failed: dict[str, str],
-    published: Path | None,
-    zygote: Zygote | None = None,
-) -> dict[str, Any]:
-    """The report's ``onnx`` section, checking ``OUT/consensus.onnx`` (:mod:`.onnx_report`).
-
-    With the agents' ``zygote`` it runs in a child forked from it: the launcher never
-    imports torch (seconds of CPU at the end of every run).
-    """
-    from meshfl.local.onnx_report import onnx_section
-    from models.data import load_dataset_file
-
-    if zygote is not None:
-        try:
-            section: dict[str, Any] = zygote.call(
-                "meshfl.local.onnx_report:onnx_section_from_files",
-                {
-                    "job": job, "spec": spec["model"], "test_file": str(test_file),
-                    "models_dir": str(out / "models"), "out": str(out), "failed": failed,
-                    "published": None if published is None else str(published),
-                },
-                out / "logs" / "onnx-check.log",
-                timeout_s=300.0,
-            )  # fmt: skip
-            return section
-        except MeshflError:
-            pass  # the zygote is gone or the child failed: check here instead
-
-    x_test, y_test = load_dataset_file(test_file)
-    return onnx_section(job, spec["model"], x_test, y_test, out / "models", out, failed, published)
 
 
 def _artifacts(admin: AdminClient, job_id: str, path: Path) -> dict[str, Any]:
