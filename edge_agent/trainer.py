@@ -318,9 +318,7 @@ class Trainer:
             onnxruntime cannot run the exported file; torch's exporter errors pass through.
 
         """
-        from models.onnx import export_onnx, parity
+        from models.onnx import export_checked
 
-        export_onnx(self._model, Path(path), int(self.spec["input_dim"]))
-        if x is None or len(x) == 0:
-            return None
-        return parity(self._model, Path(path), x)
+        # In a short forked child: the exporter's and onnxruntime's memory is not kept.
+        return export_checked(self._model, Path(path), int(self.spec["input_dim"]), x)

@@ -21,8 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import os
+import select
+import signal
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +41,15 @@ from torch import nn
 from meshfl.errors import ConfigError, DataError
 from meshfl.files import atomic_write
 
-__all__ = ["INPUT_NAME", "OPSET", "OUTPUT_NAME", "PARITY_TOLERANCE", "export_onnx", "parity"]
+__all__ = [
+    "INPUT_NAME",
+    "OPSET",
+    "OUTPUT_NAME",
+    "PARITY_TOLERANCE",
+    "export_checked",
+    "export_onnx",
+    "parity",
+]
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
@@ -107,12 +121,17 @@ def export_bytes(module: nn.Module, input_dim: int, exporter: Exporter = "auto")
     """Serialise ``module`` to an ONNX model in memory (see :func:`export_onnx`)."""
     if isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1:
         raise ConfigError(f"input_dim must be a positive integer, got {input_dim!r}")
+    with _EXPORT_LOCK:
+        return _export_unlocked(module, input_dim, exporter)
+
+
+def _export_unlocked(module: nn.Module, input_dim: int, exporter: Exporter = "auto") -> bytes:
     was_training = module.training
     module.eval()
     # Batch 2, not 1: a batch of 1 lets an exporter specialise the batch axis away.
     example = torch.zeros(2, input_dim, dtype=torch.float32)
     try:
-        with _EXPORT_LOCK, _quiet_exporter(), torch.no_grad():
+        with _quiet_exporter(), torch.no_grad():
             if exporter == "dynamo":
                 return _export_dynamo(module, example)
             try:
@@ -228,3 +247,116 @@ def parity(module: nn.Module, onnx_path: Path, x: np.ndarray) -> float:
     if not np.all(np.isfinite(diff)):
         return float("inf")
     return float(diff.max())
+
+
+CHILD_TIMEOUT_S = 300.0
+"""How long :func:`export_checked` waits for its child (seconds) before killing it."""
+
+
+def export_checked(
+    module: nn.Module,
+    path: Path,
+    input_dim: int,
+    x: np.ndarray | None = None,
+    *,
+    isolate: bool = True,
+) -> float | None:
+    """Export ``module`` to ``path`` and measure its parity on ``x``, in a short child.
+
+    The exporter and onnxruntime need tens of MiB (issue 24, item 5: the agent's peak RSS
+    grew by about 60 MiB at its end-of-job export). With ``isolate`` they run in a
+    child forked for the purpose, which writes the file, sends back the parity as one
+    JSON line and exits, so the caller keeps none of that memory and imports neither
+    onnxruntime nor its threads. The child is single-threaded, shares the model's pages
+    copy-on-write and runs no torch operation in parallel: the caller forks only when
+    torch runs one intra-op thread (``torch.get_num_threads() == 1``, the agent's
+    default) and holds the export lock while forking, so no other thread is mid-export.
+    Otherwise, or where ``fork`` is missing or the child dies without an answer, the
+    export runs in this process.
+
+    Parameters
+    ----------
+    module, path, input_dim
+        As :func:`export_onnx`.
+    x : numpy.ndarray, optional
+        ``(n, input_dim)`` inputs for :func:`parity`; None or empty: no parity.
+    isolate : bool, default True
+        Run in a forked child (see above).
+
+    Returns
+    -------
+    float or None
+        :func:`parity` on ``x``; None without ``x``.
+
+    Raises
+    ------
+    ConfigError
+        As :func:`export_onnx` and :func:`parity`.
+    RuntimeError
+        The exporter failed in the child (its error type and message).
+
+    """
+    check = x is not None and len(x) > 0
+    if not isolate or not hasattr(os, "fork") or torch.get_num_threads() != 1:
+        export_onnx(module, path, input_dim)
+        return parity(module, path, x) if check and x is not None else None
+    if isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1:
+        raise ConfigError(f"input_dim must be a positive integer, got {input_dim!r}")
+    answer = _in_child(module, Path(path), input_dim, x if check else None)
+    if answer is None:  # the child died without a word: do it here
+        export_onnx(module, path, input_dim)
+        return parity(module, path, x) if check and x is not None else None
+    if "error" in answer:
+        kind = ConfigError if answer["error"] == "ConfigError" else RuntimeError
+        raise kind(f"{answer['error']}: {answer['message']}" if kind is RuntimeError
+                   else answer["message"])  # fmt: skip
+    diff = answer["diff"]
+    return None if diff is None else float(diff)  # type: ignore[arg-type]
+
+
+def _in_child(
+    module: nn.Module, path: Path, input_dim: int, x: np.ndarray | None
+) -> dict[str, object] | None:
+    """Fork, export and check in the child; its JSON answer, or None if it gave none."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with _EXPORT_LOCK:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child (its answer is what is tested)
+            os.close(read_fd)
+            try:
+                try:
+                    data = _export_unlocked(module, input_dim)
+                    atomic_write(path, lambda handle: handle.write(data))
+                    diff = None if x is None else parity(module, path, x)
+                    message: dict[str, object] = {"diff": diff}
+                except Exception as error:
+                    message = {"error": type(error).__name__, "message": str(error)}
+                os.write(write_fd, json.dumps(message).encode())
+            finally:
+                os._exit(0)
+    os.close(write_fd)
+    data = b""
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if not ready:
+                break
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(read_fd)
+        if not data:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if not data:
+        return None
+    answer: dict[str, object] = json.loads(data)
+    return answer

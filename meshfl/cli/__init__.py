@@ -8,44 +8,90 @@ a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperGroup
 
-from meshfl.cli.agent import agent_app
-from meshfl.cli.bench import bench_app
-from meshfl.cli.data import data_app
-from meshfl.cli.export import export_app
-from meshfl.cli.fleet import fleet_app
-from meshfl.cli.job import job_app
-from meshfl.cli.local import local
-from meshfl.cli.model import model_app
-from meshfl.cli.predict import predict
-from meshfl.cli.servers import broker_app, coordinator_app
-from meshfl.cli.topology import topology_app
 from meshfl.errors import MeshflError
 
-__all__ = ["app", "main"]
+if TYPE_CHECKING:  # typer vendors click: its own Command and Context classes
+    from typer._click.core import Command, Context
+
+__all__ = ["COMMANDS", "app", "load_command", "main"]
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("meshfl.cli.agent", "agent_app"),
+    "coordinator": ("meshfl.cli.servers", "coordinator_app"),
+    "broker": ("meshfl.cli.servers", "broker_app"),
+    "job": ("meshfl.cli.job", "job_app"),
+    "fleet": ("meshfl.cli.fleet", "fleet_app"),
+    "data": ("meshfl.cli.data", "data_app"),
+    "bench": ("meshfl.cli.bench", "bench_app"),
+    "topology": ("meshfl.cli.topology", "topology_app"),
+    "model": ("meshfl.cli.model", "model_app"),
+    "export": ("meshfl.cli.export", "export_app"),
+    "local": ("meshfl.cli.local", "local"),
+    "predict": ("meshfl.cli.predict", "predict"),
+}
+"""Sub-command name → (module, attribute): a ``typer.Typer`` group or a command function.
+
+A sub-command's module is imported only when that sub-command runs (issue 21, item 2):
+``meshfl agent run`` imports no launcher, lab, coordinator, broker or FastAPI module
+(``tests/unit/test_cli_lazy.py``). ``meshfl --help`` imports them all to list their help.
+"""
+
+_LOADED: dict[str, Command] = {}
+
+
+def load_command(name: str) -> Command:
+    """Import sub-command ``name``'s module and build its click command (cached).
+
+    Raises
+    ------
+    KeyError
+        ``name`` is not in :data:`COMMANDS`.
+
+    """
+    if name not in _LOADED:
+        module, attribute = COMMANDS[name]
+        target: Any = getattr(importlib.import_module(module), attribute)
+        if isinstance(target, typer.Typer):
+            command: Command = typer.main.get_group(target)
+        else:
+            single = typer.Typer()
+            single.command(name)(target)
+            command = typer.main.get_command(single)
+        command.name = name
+        _LOADED[name] = command
+    return _LOADED[name]
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: lists :data:`COMMANDS`, builds one only when it is asked for."""
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        return load_command(cmd_name) if cmd_name in COMMANDS else None
+
 
 app = typer.Typer(
     name="meshfl",
+    cls=_LazyGroup,
     help="Decentralized, compressed, private federated learning over MQTT.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.add_typer(agent_app, name="agent")
-app.add_typer(coordinator_app, name="coordinator")
-app.add_typer(broker_app, name="broker")
-app.add_typer(job_app, name="job")
-app.add_typer(fleet_app, name="fleet")
-app.add_typer(data_app, name="data")
-app.add_typer(bench_app, name="bench")
-app.add_typer(topology_app, name="topology")
-app.add_typer(model_app, name="model")
-app.add_typer(export_app, name="export")
-app.command("local")(local)
-app.command("predict")(predict)
+
+
+@app.callback()
+def _root() -> None:
+    """Decentralized, compressed, private federated learning over MQTT."""
 
 
 # An optional dependency missing from this install, and the extra that brings it.

@@ -12,14 +12,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshfl.contract import JobPublic, ModelSpec
-from meshfl.errors import ConfigError, DataError
+from meshfl.errors import ConfigError, DataError, MeshflError
 
-__all__ = ["PARITY_TOLERANCE", "consensus_line", "mean_arrays", "onnx_section"]
+if TYPE_CHECKING:
+    from meshfl.contract import JobSpec
+    from meshfl.local.zygote import Zygote
+
+__all__ = [
+    "PARITY_TOLERANCE",
+    "consensus_line",
+    "mean_arrays",
+    "onnx_section",
+    "onnx_section_from_files",
+    "report_section",
+]
 
 PARITY_TOLERANCE = 1e-5
 """Largest max |logit(torch) − logit(onnxruntime)| accepted (issue 8); the value of
@@ -171,6 +182,71 @@ def onnx_section(
         "consensus": consensus,
         "failures": failures,
     }
+
+
+def onnx_section_from_files(
+    job: JobPublic,
+    spec: ModelSpec,
+    test_file: str,
+    models_dir: str,
+    out: str,
+    failed: Mapping[str, str],
+    published: str | None = None,
+    private: str | None = None,
+) -> dict[str, Any]:
+    """:func:`onnx_section` given the test set's file and paths as strings (JSON).
+
+    What ``meshfl local`` runs in a child of its agents' zygote
+    (:meth:`meshfl.local.zygote.Zygote.call`), where torch is already imported, instead
+    of importing torch into the launcher.
+    """
+    from models.data import load_dataset_file
+
+    x_test, y_test = load_dataset_file(Path(test_file))
+    return onnx_section(
+        job, spec, x_test, y_test, Path(models_dir), Path(out), failed,
+        None if published is None else Path(published), private,
+    )  # fmt: skip
+
+
+def report_section(
+    job: JobPublic,
+    spec: JobSpec,
+    test_file: Path,
+    out: Path,
+    failed: Mapping[str, str],
+    published: Path | None,
+    zygote: Zygote | None = None,
+    private: str | None = None,
+) -> dict[str, Any]:
+    """The report's ``onnx`` section of a local run, checking ``OUT/consensus.onnx``.
+
+    With the agents' ``zygote`` (:mod:`meshfl.local.zygote`) it runs in a child forked
+    from it, where torch is already imported: the launcher never imports torch, seconds
+    of CPU at the end of every run. Where the zygote is gone or its child fails, it runs
+    here. Agents' models are under ``OUT/models``. ``private``, when given, is why no
+    consensus model is built (a private job: :func:`onnx_section`).
+    """
+    if zygote is not None:
+        try:
+            section: dict[str, Any] = zygote.call(
+                "meshfl.local.onnx_report:onnx_section_from_files",
+                {
+                    "job": job, "spec": spec["model"], "test_file": str(test_file),
+                    "models_dir": str(out / "models"), "out": str(out), "failed": dict(failed),
+                    "published": None if published is None else str(published),
+                    "private": private,
+                },
+                out / "logs" / "onnx-check.log",
+                timeout_s=300.0,
+            )  # fmt: skip
+            return section
+        except MeshflError:
+            pass  # check here instead
+    return onnx_section_from_files(
+        job, spec["model"], str(test_file), str(out / "models"), str(out), failed,
+        None if published is None else str(published), private,
+    )  # fmt: skip
 
 
 def consensus_line(section: Mapping[str, Any]) -> str:

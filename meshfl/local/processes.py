@@ -1,7 +1,9 @@
 """Supervise the processes of a local fleet: broker, coordinator and agents.
 
 Every child runs in its own session (so a Ctrl-C reaches only the launcher, which
-then stops the children in order) and writes its output to ``DIR/logs/NAME.log``.
+then stops the children in order) and writes its output to ``DIR/logs/NAME.log``. With a
+:class:`~meshfl.local.zygote.Zygote`, agents (``agent run`` and ``agent fleet``) are
+forked from it instead of started from scratch: still processes of their own.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from broker import ports
 from broker.ports import free_port
 from meshfl.errors import MeshflError
+
+if TYPE_CHECKING:
+    from meshfl.local.zygote import ForkedProcess, Zygote
 
 __all__ = ["Child", "Supervisor", "free_port", "wait_for_port"]
 
@@ -44,7 +50,7 @@ class Child:
     """One supervised child process and its log file."""
 
     name: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     log_path: Path
     args: list[str] = field(default_factory=list)
     env: dict[str, str] | None = None
@@ -84,10 +90,17 @@ class Child:
 
 @dataclass
 class Supervisor:
-    """Starts ``python -m meshfl ...`` children and stops them all in reverse order."""
+    """Starts ``python -m meshfl ...`` children and stops them all in reverse order.
+
+    ``zygote``: agents are forked from it (:mod:`meshfl.local.zygote`); :meth:`stop_all`
+    stops it last.
+    """
 
     log_dir: Path
     children: list[Child] = field(default_factory=list)
+    zygote: Zygote | None = None
+
+    _FORKED = (["agent", "run"], ["agent", "fleet"])
 
     def start(
         self, name: str, args: list[str], env: dict[str, str] | None = None, append: bool = False
@@ -95,15 +108,20 @@ class Supervisor:
         """Start ``python -m meshfl ARGS`` as child ``name`` (``append``: keep its old log)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab" if append else "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "meshfl", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            )
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        process: subprocess.Popen[bytes] | ForkedProcess
+        if self.zygote is not None and args[:2] in self._FORKED:
+            process = self.zygote.spawn(args, log_path, full_env, append)
+        else:
+            with open(log_path, "ab" if append else "wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "meshfl", *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=full_env,
+                )
         child = Child(name, process, log_path, list(args), env)
         self.children.append(child)
         return child
@@ -132,7 +150,7 @@ class Supervisor:
         return new
 
     def stop_all(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every child (agents first), then SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every child (agents first), SIGKILL the rest after ``grace_s``; zygote last."""
         for child in reversed(self.children):
             child.stop(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -142,3 +160,5 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 child.stop(signal.SIGKILL)
                 child.process.wait()
+        if self.zygote is not None:
+            self.zygote.stop()

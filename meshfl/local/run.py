@@ -30,6 +30,7 @@ from meshfl.local.dashboard import linger, start_dashboard
 from meshfl.local.fleet import Churn, device_name, start_links
 from meshfl.local.inprocess import check_in_process_options, coordinator_tuning, start_fleets
 from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
+from meshfl.local.onnx_report import report_section
 from meshfl.local.process_faults import ProcessFaults, broker_faults
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
 from meshfl.local.report import build_report, ledger_section, write_report
@@ -42,6 +43,7 @@ from meshfl.local.secure_broker import (
 )
 from meshfl.local.shaping import ShapingProxy
 from meshfl.local.validation import topology_fields, validate
+from meshfl.local.zygote import Zygote, zygote_enabled
 
 if TYPE_CHECKING:
     from broker.bridge import BridgedBrokers
@@ -111,10 +113,17 @@ def run_local(
         raise ConfigError(
             f"--out {out} is not a writable directory ({exc.strerror}); choose another"
         ) from None
-    device_files, test_file = _prepare_data(config)
-    spec = _job_spec(config, test_file)
-    _check_codec_policy(spec)
-    supervisor = Supervisor(out / "logs")
+    # The agents' zygote imports torch while the data is cut and the servers start.
+    zygote = Zygote(out / "logs") if zygote_enabled() else None
+    try:
+        device_files, test_file = _prepare_data(config)
+        spec = _job_spec(config, test_file)
+        _check_codec_policy(spec)
+    except BaseException:
+        if zygote is not None:
+            zygote.stop()
+        raise
+    supervisor = Supervisor(out / "logs", zygote=zygote)
     started = time.monotonic()
     hooks = Hooks(on_round, show, notify)
     say = notify or (lambda line: None)
@@ -230,9 +239,11 @@ def run_local(
         say("job ended; fetching the consensus model and checking the ONNX exports")
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
-        report["onnx"] = _onnx_section(
-            final_job, spec, test_file, out, failed, None if published is None else Path(published)
-        )
+        report["onnx"] = report_section(
+            final_job, spec, test_file, out, failed, None if published is None else Path(published),
+            supervisor.zygote,
+            private=None if spec["publish_model"] else PRIVATE_CONSENSUS,  # no un-noised model
+        )  # fmt: skip
         report_path, plot_path = write_report(out, report)
         result = LocalRun(report, report_path, plot_path, failed)
         if on_report is not None:
@@ -307,25 +318,6 @@ def _unmixed(admin: AdminClient, job: JobPublic) -> int | None:
         )
     except MeshflError:
         return None
-
-
-def _onnx_section(
-    job: JobPublic,
-    spec: JobSpec,
-    test_file: Path,
-    out: Path,
-    failed: dict[str, str],
-    published: Path | None,
-) -> dict[str, Any]:
-    """The report's ``onnx`` section, checking ``OUT/consensus.onnx`` (:mod:`.onnx_report`)."""
-    from meshfl.local.onnx_report import onnx_section
-    from models.data import load_dataset_file
-
-    x_test, y_test = load_dataset_file(test_file)
-    private = None if spec["publish_model"] else PRIVATE_CONSENSUS  # no un-noised consensus
-    return onnx_section(
-        job, spec["model"], x_test, y_test, out / "models", out, failed, published, private
-    )
 
 
 def _artifacts(admin: AdminClient, job_id: str, path: Path) -> dict[str, Any]:

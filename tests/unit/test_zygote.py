@@ -1,0 +1,86 @@
+"""The agents' zygote (issue 24, item 1): agents forked from one process that imported
+torch once are still processes of their own, with a fresh process's random state."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from broker.ports import free_port
+from meshfl.local.processes import Supervisor, wait_for_port
+from meshfl.local.zygote import ForkedProcess, Zygote
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    handle = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield handle
+    handle.stop()
+    assert handle.process.returncode == 0, handle.log_path.read_text()
+
+
+def test_a_forked_child_has_its_own_pid_session_and_log_and_a_sigkill_ends_it(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "broker.log"
+    child = zygote.spawn(["broker", "serve", "--port", str(port)], log, dict(os.environ))
+    try:
+        wait_for_port("127.0.0.1", port, 60.0)
+        process = psutil.Process(child.pid)
+        assert child.pid != zygote.process.pid
+        assert process.ppid() == zygote.process.pid  # forked, not started from scratch
+        assert os.getsid(child.pid) == child.pid  # its own session, as start_new_session
+        assert process.num_threads() >= 1 and child.poll() is None
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL  # as subprocess.Popen reports it
+    assert child.poll() == -signal.SIGKILL
+    assert log.read_text().strip(), "the child's output goes to its own log"
+
+
+def test_the_supervisor_forks_agents_and_restarts_them_with_the_same_arguments(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    supervisor = Supervisor(tmp_path / "logs", zygote=zygote)
+    args = ["agent", "run", "--coordinator", "http://127.0.0.1:9", "--token", "t",
+            "--data", str(tmp_path / "none.npz"), "--slowdown", "0.5"]  # fmt: skip
+    child = supervisor.start("device-1", args)
+    assert isinstance(child.process, ForkedProcess)
+    assert child.process.wait(timeout=60) == 2
+    assert "--slowdown must be a finite number >= 1" in child.last_line()
+    again = supervisor.restart("device-1")
+    assert isinstance(again.process, ForkedProcess)
+    assert again.process.pid != child.process.pid
+    assert again.process.wait(timeout=60) == 2
+    assert (tmp_path / "logs" / "device-1.log").read_text().count("--slowdown must") == 2
+    supervisor.zygote = None  # the module's zygote outlives this supervisor
+    supervisor.stop_all()
+
+
+def test_each_child_starts_with_a_fresh_process_random_state(
+    zygote: Zygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = "meshfl.local.zygote_server:first_draws"
+    first = zygote.call(target, {}, tmp_path / "a.log", timeout_s=60)
+    second = zygote.call(target, {}, tmp_path / "b.log", timeout_s=60)
+    assert first["random"] != second["random"]  # Python's random reseeds at fork
+    assert first["numpy"] != second["numpy"]  # numpy's global generator: fresh entropy
+    assert first["torch"] != second["torch"]  # torch's default generator: seeded from the OS
+    monkeypatch.setenv("MESHFL_ZYGOTE_TEST", "from the launcher")
+    assert zygote.call("os:getenv", {"key": "MESHFL_ZYGOTE_TEST"}, tmp_path / "c.log", 60) == (
+        "from the launcher"
+    )
+    assert zygote.call("os:getpid", {}, tmp_path / "d.log", 60) != zygote.process.pid
+
+
+def test_a_failed_call_names_its_error(zygote: Zygote, tmp_path: Path) -> None:
+    from meshfl.errors import MeshflError
+
+    with pytest.raises(MeshflError, match="ModuleNotFoundError"):
+        zygote.call("no_such_module:f", {}, tmp_path / "e.log", timeout_s=60)
