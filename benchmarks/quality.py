@@ -76,9 +76,15 @@ def candidates(workload: str) -> list[Candidate]:
         c("efavg", codec="sign", local="hb", local_beta=0.8),
         c("efavg", codec="sign", local="hb", local_beta=0.7, update_beta=0.5),
     ]
-    if workload == "W2":  # 16 devices, 60 rounds: keep the sweep to the informative rows
-        keep = {"fedavg", "efavg", "choco"}
-        out = [x for x in out if x.algorithm in keep and x.codec in ("identity", "sign")]
+    if workload == "W2":  # 16 devices, 60 rounds: the informative rows only
+        out = [
+            c("fedavg"),
+            c("fedavg", **HB),
+            c("choco", "ring", "identity"),
+            c("efavg", codec="sign", **HB),
+            c("choco", "complete", "sign", **HB),
+            c("choco", "ring", "sign", 0.8, **HB),
+        ]
     return out
 
 

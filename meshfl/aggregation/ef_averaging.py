@@ -49,7 +49,7 @@ from meshfl.aggregation._model import (
 )
 from meshfl.aggregation.error_feedback import ErrorFeedback
 from meshfl.codecs import Codec
-from meshfl.errors import ConfigError, WireError
+from meshfl.errors import CodecError, ConfigError, WireError
 from meshfl.wire import DType, TensorEntry
 
 __all__ = ["EFAveraging"]
@@ -108,11 +108,9 @@ class EFAveraging:
     ) -> None:
         if not isinstance(codec, Codec):
             raise ConfigError(f"codec must be a meshfl Codec, got {type(codec).__name__}")
-        if self_id in peers:
-            raise ConfigError(f"self id {self_id!r} is also listed as a peer")
-        self._weights = _check_averaging_weights(
-            {k: v for k, v in peers.items()}, self_weight
-        )  # holds "<self>" too
+        if self_id in peers or "<self>" in peers:
+            raise ConfigError(f"self id {self_id!r} (or '<self>') is also listed as a peer")
+        self._weights = _check_averaging_weights(peers, self_weight)  # holds "<self>" too
         self._self_id = self_id
         self._layout = layout_of(params)
         self._z = [np.array(params[n], dtype=np.float32) for n, _ in self._layout]
@@ -145,6 +143,8 @@ class EFAveraging:
 
         """
         tensors = check_model(x, self._layout)
+        if not all(np.all(np.isfinite(t)) for t in tensors):  # before any residual moves
+            raise CodecError("the model holds NaN or infinite values; no update was sent")
         entries, own = [], []
         for (name, shape), t, z in zip(self._layout, tensors, self._z, strict=True):
             payload, decoded = self._feedback.compress(self._codec, name, t - z)

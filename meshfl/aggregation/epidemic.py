@@ -154,20 +154,23 @@ class EpidemicGossip:
         ConfigError
             If ``x`` does not match the layout.
         CodecError
-            If a difference holds NaN/inf (replicas of earlier targets are then already
-            advanced and their messages must still be sent).
+            If a difference holds NaN/inf; no replica has moved then.
 
         """
         tensors = check_model(x, self._layout)
-        out: dict[str, tuple[TensorEntry, ...]] = {}
-        for peer in self.targets(round_):
+        staged = []
+        for peer in self.targets(round_):  # encode everything first: all or nothing
             replica = self._replica(self._out, peer)
-            entries = []
-            for (name, shape), t, r in zip(self._layout, tensors, replica, strict=True):
-                payload = self._codec.encode(t - r)
+            payloads = [self._codec.encode(t - r) for t, r in zip(tensors, replica, strict=True)]
+            staged.append((peer, replica, payloads))
+        out: dict[str, tuple[TensorEntry, ...]] = {}
+        for peer, replica, payloads in staged:
+            for r, payload, (_, shape) in zip(replica, payloads, self._layout, strict=True):
                 r += self._codec.decode(payload, shape)
-                entries.append(TensorEntry(name, shape, DType.FLOAT32, self._codec.tag, payload))
-            out[peer] = tuple(entries)
+            out[peer] = tuple(
+                TensorEntry(name, shape, DType.FLOAT32, self._codec.tag, payload)
+                for (name, shape), payload in zip(self._layout, payloads, strict=True)
+            )
         return out
 
     def incoming(self, sender: str, tensors: Sequence[TensorEntry]) -> None:

@@ -129,6 +129,8 @@ class GradientTracking:
         ------
         ConfigError
             If a model mismatches the layout or η is not > 0.
+        CodecError
+            If a difference holds NaN/inf; the state is then unchanged.
 
         """
         if not (isinstance(lr, (int, float)) and lr > 0):
@@ -136,25 +138,25 @@ class GradientTracking:
         start, local = check_model(x_start, self._layout), check_model(x_local, self._layout)
         p = [(s - loc) / np.float32(lr) for s, loc in zip(start, local, strict=True)]
         if self._v is None:
-            self._v = [a.copy() for a in p]
+            v = [a.copy() for a in p]
         else:
-            self._v = [
-                (v + self._gossip(self._g, t) + (p[t] - self._p_old[t])).astype(np.float32)
-                for t, v in enumerate(self._v)
+            v = [
+                (old + self._gossip(self._g, t) + (p[t] - self._p_old[t])).astype(np.float32)
+                for t, old in enumerate(self._v)
             ]
-        self._p_old = p
-        self._next = [
-            (s + self._gossip(self._h, t) - lr * self._v[t]).astype(np.float32)
+        nxt = [
+            (s + self._gossip(self._h, t) - lr * v[t]).astype(np.float32)
             for t, s in enumerate(start)
         ]
+        staged = []  # encode both differences before any state moves: all or nothing
+        for table, values in ((self._h, nxt), (self._g, v)):
+            for val, rep in zip(values, table["<self>"], strict=True):
+                staged.append((rep, self._codec.encode(val - rep)))
+        self._v, self._p_old, self._next = v, p, nxt
         entries = []
-        for table, values, prefix in ((self._h, self._next, "h"), (self._g, self._v, "g")):
-            for (name, shape), val, rep in zip(self._layout, values, table["<self>"], strict=True):
-                payload = self._codec.encode(val - rep)
-                rep += self._codec.decode(payload, shape)
-                entries.append(
-                    TensorEntry(f"{prefix}/{name}", shape, DType.FLOAT32, self._codec.tag, payload)
-                )
+        for (rep, payload), (name, shape) in zip(staged, self._wire, strict=True):
+            rep += self._codec.decode(payload, shape)
+            entries.append(TensorEntry(name, shape, DType.FLOAT32, self._codec.tag, payload))
         return tuple(entries)
 
     def incoming(self, sender: str, tensors: Sequence[TensorEntry]) -> None:
@@ -165,7 +167,7 @@ class GradientTracking:
             self._h[sender][t] += decoded[t]
             self._g[sender][t] += decoded[k + t]
 
-    def mix(self, x_start: Mapping[str, np.ndarray], lr: float = 0.0) -> dict[str, np.ndarray]:
+    def mix(self, x_start: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Return the model computed by :meth:`outgoing` (``x_start`` checks the layout)."""
         check_model(x_start, self._layout)
         if not self._next:

@@ -118,3 +118,27 @@ def test_pga_global_round_with_choco_identity_is_exact_average() -> None:
     for i, n in enumerate(nodes):
         out = n.mix(xs[i], {IDS[j] for j in range(N) if j != i})
         np.testing.assert_allclose(out["w"], mean, rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_model_changes_no_state() -> None:
+    from meshfl.aggregation.ef_averaging import EFAveraging
+    from meshfl.aggregation.epidemic import EpidemicGossip
+    from meshfl.errors import CodecError
+
+    x0 = models(0)[0]
+    bad = {"w": np.full((3, 2), np.nan, np.float32)}
+    tracker = trackers(ring(N), x0, Sign())[0]
+    with pytest.raises(CodecError):
+        tracker.outgoing(x0, bad, 0.1)
+    np.testing.assert_array_equal(tracker.tracker()["w"], np.zeros((3, 2)))
+    with pytest.raises(ConfigError, match="mix before outgoing"):
+        tracker.mix(x0)
+    epidemic = EpidemicGossip(x0, IDS[0], IDS, 2, Sign())
+    with pytest.raises(CodecError):
+        epidemic.outgoing(bad, 1)
+    for peer in IDS[1:]:
+        np.testing.assert_array_equal(epidemic.edge_replica(peer, "out")["w"], x0["w"])
+    averaging = EFAveraging(x0, {IDS[1]: 0.5}, 0.5, Sign(), self_id=IDS[0])
+    with pytest.raises(CodecError):
+        averaging.outgoing(bad)
+    assert averaging.residual_norm() == 0.0
