@@ -1,30 +1,11 @@
-"""Describe the machine a benchmark ran on (cores, memory, CPU model, Python, torch)."""
+"""Describe the machine a benchmark ran on: the one implementation is meshfl.bench.machine.
+
+The benchmark scripts put this folder on ``sys.path`` and ``from machine import
+describe``; benchmark code lives in :mod:`meshfl.bench`, this folder holds entry scripts.
+"""
 
 from __future__ import annotations
 
-import os
-import platform
+from meshfl.bench.machine import describe
 
-
-def describe() -> str:
-    """One line: CPU model, cores, memory, OS, Python."""
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    memory = "?"
-    try:
-        import psutil
-
-        memory = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
-    except ImportError:
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} cores, {memory} RAM, {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}"
-    )
+__all__ = ["describe"]

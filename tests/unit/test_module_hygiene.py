@@ -244,3 +244,13 @@ def test_the_kernel_imports_no_app_and_no_composition_root() -> None:
         if _within(target, APPS + COMPOSITION_ROOT)
     ]
     assert not offenders, "the kernel imports above itself: " + "; ".join(offenders)
+
+
+def test_the_agent_output_folder_is_named_once() -> None:
+    # edge_agent.config.DEFAULT_OUT; the CLI's --out defaults read it.
+    places = [
+        str(p.relative_to(ROOT))
+        for p in _source_files()
+        if '"meshfl-agent"' in p.read_text(encoding="utf-8")
+    ]
+    assert places == ["edge_agent/config.py"], places
