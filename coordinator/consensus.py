@@ -24,7 +24,7 @@ from coordinator.errors import Conflict
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["ConsensusError", "average_models", "parse_model"]
+__all__ = ["ConsensusError", "average_models", "decode", "parse_model"]
 
 
 class ConsensusError(Conflict):
@@ -49,7 +49,32 @@ def parse_model(data: bytes, what: str) -> onnx.ModelProto:
             f"{what} uses sparse or external-data initializers; export it as one self-contained"
             " file"
         )
+    for tensor in model.graph.initializer:  # every value decodes now, not at each listing
+        decode(tensor, what)
     return model
+
+
+def decode(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """An initializer's values as an array of its declared shape; ConsensusError if malformed.
+
+    ``onnx.numpy_helper.to_array`` raises whatever numpy raises on a tensor whose data
+    does not match its dims or type (``ValueError``, ``TypeError``, ...); here that is a
+    ConsensusError naming the initializer, so an upload is refused once (422) and a
+    stored file never makes a listing fail with a 500.
+    """
+    from onnx import numpy_helper
+
+    try:
+        array = numpy_helper.to_array(tensor)
+        if tuple(array.shape) != tuple(tensor.dims):
+            raise ValueError(f"{list(array.shape)} values for dims {list(tensor.dims)}")
+    except Exception as exc:  # numpy/onnx raise many types on malformed protobuf data
+        text = " ".join(str(exc).split())[:160]
+        raise ConsensusError(
+            f"{what} has a malformed initializer {tensor.name[:80]!r} ({type(exc).__name__}:"
+            f" {text}); export the model again"
+        ) from None
+    return np.asarray(array)
 
 
 @dataclass(frozen=True)
@@ -147,7 +172,7 @@ def average_models(models: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[str
                     " every device of a job must export the same model"
                 )
         for tensor in model.graph.initializer:
-            array = numpy_helper.to_array(tensor)
+            array = decode(tensor, f"device {device_id}'s model")
             if _averaged(array):
                 sums.setdefault(tensor.name, np.zeros(array.shape, np.float64))
                 sums[tensor.name] += array.astype(np.float64)
@@ -165,7 +190,7 @@ def average_models(models: Iterable[tuple[str, bytes]]) -> tuple[bytes, list[str
     initializers = []
     for tensor in first.graph.initializer:
         if tensor.name in sums:
-            dtype = numpy_helper.to_array(tensor).dtype
+            dtype = decode(tensor, f"device {first_id}'s model").dtype
             mean = (sums[tensor.name] / len(devices)).astype(dtype)
             initializers.append(numpy_helper.from_array(mean, tensor.name))
         else:

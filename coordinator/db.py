@@ -28,6 +28,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from meshfl.files import private_file
+
 __all__ = [
     "ApiToken",
     "Base",
@@ -319,7 +321,9 @@ def make_engine(url: str) -> Engine:
     A plain ``postgresql://`` URL uses the psycopg (3) driver. SQLite gets
     ``check_same_thread=False`` (FastAPI serves sync routes from a thread
     pool), foreign keys switched on, and a single shared connection for ``:memory:``.
-    A SQLite file is put in write-ahead-log mode with ``synchronous=NORMAL`` (SQLite's
+    A SQLite file is created 0600 (it holds token hashes and the declaration-signing
+    key; :func:`meshfl.files.private_file`) and put in write-ahead-log mode with
+    ``synchronous=NORMAL`` (SQLite's
     recommended setting for concurrent use, https://sqlite.org/wal.html): readers do not
     block the writer, and a commit appends to the ``-wal`` file without an fsync, so a
     fleet's round reports and polls do not queue behind each other's disk flushes. A
@@ -340,6 +344,8 @@ def make_engine(url: str) -> Engine:
         kwargs["poolclass"] = StaticPool
     else:
         kwargs.update(pool)
+        if not parsed.database.startswith("file:"):  # it holds secrets: owner-only (0600)
+            private_file(parsed.database)
     engine = create_engine(parsed, **kwargs)
     in_file = "poolclass" not in kwargs
 

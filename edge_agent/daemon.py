@@ -6,7 +6,8 @@
 2. load (or create, the first time) the device's Ed25519 identity key,
    ``<out>/<name>.identity.key``, and enrol with the coordinator over REST, sending its
    public key (device id, device token, broker URL come back). The answer is kept in
-   ``<out>/<name>.enrolment.json`` (mode 0600: it holds the device token): a restarted
+   ``<out>/<name>.enrolment.json`` (mode 0600: it holds the device token and the broker
+   password): a restarted
    agent of the same coordinator and key is the same device again, so it keeps its jobs
    and its broker session; a saved identity the coordinator no longer knows is replaced
    by a new enrolment;
@@ -316,7 +317,8 @@ def _broker_transport(config: AgentConfig, enrolment: EnrolResponse, broker: str
     """The MQTT transport with the broker login and CA given at enrolment.
 
     The device's username (its device id, also its client id) and password are used as
-    given; they are not stored (a restarted agent enrols again). The CA's PEM is saved as
+    given; they are kept with the enrolment (``<out>/<name>.enrolment.json``, mode 0600)
+    so that a restarted agent is the same device with the same login. The CA's PEM is saved as
     ``<out>/<name>.broker-ca.pem`` next to the identity key; ``--broker-ca`` wins over it.
     """
     from edge_agent.transport.address import parse_broker_address

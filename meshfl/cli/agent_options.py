@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from meshfl.cli.secret_files import read_secret
+
 __all__ = [
     "AllowModelOption",
     "CoordinatorCaOption",
@@ -98,36 +100,3 @@ OfflineGraceOption = Annotated[
         " to your devices' restart time to have a rebooting neighbour waited for.",
     ),
 ]
-
-
-def read_secret(value: str | None, file: Path | None, option: str) -> str:
-    """A secret given as ``--OPTION`` (or its environment variable) or ``--OPTION-file``.
-
-    The file's first line, stripped, is the secret (a trailing newline is not part of
-    it). Exactly one of the two must be given.
-
-    Raises
-    ------
-    meshfl.errors.ConfigError
-        Neither or both given, an unreadable file, or an empty secret.
-
-    """
-    from meshfl.errors import ConfigError
-
-    if value is not None and file is not None:
-        raise ConfigError(f"give {option} or {option}-file, not both")
-    if file is None:
-        if not value:
-            raise ConfigError(
-                f"{option} is required: pass {option}-file FILE (or set the environment"
-                f" variable) so that it stays out of the process list"
-            )
-        return value
-    try:
-        lines = Path(file).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {option}-file {file} ({exc}); check the path") from None
-    secret = lines[0].strip() if lines else ""
-    if not secret:
-        raise ConfigError(f"{option}-file {file} is empty; write the secret on its first line")
-    return secret

@@ -35,10 +35,26 @@ def coordinator_serve(
         str | None, typer.Option(help="Broker URL advertised to devices at enrolment.")
     ] = None,
     enrol_token: Annotated[
-        str | None, typer.Option(help="Enrolment token (default: generated and printed).")
+        str | None,
+        typer.Option(
+            envvar="MESHFL_COORDINATOR_ENROL_TOKEN",
+            help="Enrolment token (default: generated and printed); better in the env var"
+            " or --enrol-token-file, out of the process list.",
+        ),
+    ] = None,
+    enrol_token_file: Annotated[
+        Path | None, typer.Option(help="Read the enrolment token from this file's first line.")
     ] = None,
     admin_token: Annotated[
-        str | None, typer.Option(help="Admin API token (default: generated and printed).")
+        str | None,
+        typer.Option(
+            envvar="MESHFL_COORDINATOR_ADMIN_TOKEN",
+            help="Admin API token (default: generated and printed); better in the env var or"
+            " --admin-token-file, out of the process list.",
+        ),
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None, typer.Option(help="Read the admin token from this file's first line.")
     ] = None,
     artifacts_dir: Annotated[
         Path | None,
@@ -104,6 +120,7 @@ def coordinator_serve(
     from coordinator.server import check_tls
     from coordinator.server import serve as serve_app
     from coordinator.settings import CoordinatorSettings
+    from meshfl.cli.secret_files import optional_secret
     from meshfl.errors import ConfigError
 
     json_logs = log_format is LogFormat.JSON
@@ -127,8 +144,8 @@ def coordinator_serve(
         "db_url": db,
         "fleet": fleet,
         "broker_url": broker_url,
-        "enrol_token": enrol_token,
-        "admin_token": admin_token,
+        "enrol_token": optional_secret(enrol_token, enrol_token_file, "--enrol-token"),
+        "admin_token": optional_secret(admin_token, admin_token_file, "--admin-token"),
         "artifacts_dir": artifacts_dir,
         "broker_ca_file": broker_ca_file,
     }
