@@ -35,7 +35,18 @@ def coordinator_serve(
         str | None, typer.Option(help="Broker URL advertised to devices at enrolment.")
     ] = None,
     enrol_token: Annotated[
-        str | None, typer.Option(help="Enrolment token (default: generated and printed).")
+        str | None,
+        typer.Option(
+            help="The fleet's shared enrolment token (default: off; devices enrol with"
+            " `meshfl fleet tokens create` tokens). Operators can disable and rotate it."
+        ),
+    ] = None,
+    enrol_token_ttl: Annotated[
+        float | None,
+        typer.Option(min=1, metavar="SECONDS", help="--enrol-token expires this long after start."),
+    ] = None,
+    enrol_token_uses: Annotated[
+        int | None, typer.Option(min=1, help="--enrol-token enrols at most this many devices.")
     ] = None,
     admin_token: Annotated[
         str | None, typer.Option(help="Admin API token (default: generated and printed).")
@@ -111,7 +122,7 @@ def coordinator_serve(
         from meshfl.cli import setup_logging
 
         setup_logging(log_format="json")
-    serve = partial(serve_app, uvicorn_logging=not json_logs, tls=check_tls(tls_cert, tls_key))
+    serve = partial(serve_app, uvicorn_logging=not json_logs)
 
     with socket.socket() as probe:
         # As uvicorn binds: a restart right after a crash is not refused for TIME-WAIT.
@@ -128,11 +139,16 @@ def coordinator_serve(
         "fleet": fleet,
         "broker_url": broker_url,
         "enrol_token": enrol_token,
+        "enrol_token_ttl_s": enrol_token_ttl,
+        "enrol_token_uses": enrol_token_uses,
         "admin_token": admin_token,
         "artifacts_dir": artifacts_dir,
         "broker_ca_file": broker_ca_file,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
     }
     settings = CoordinatorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    serve = partial(serve, tls=check_tls(settings.tls_cert, settings.tls_key))  # one-line errors
     accounts = _broker_accounts(broker_password_file, broker_pid_file)
     login = _coordinator_login(accounts, settings.fleet, broker_username, broker_password)
     transport = _control_transport(
