@@ -66,12 +66,13 @@ def serve(
     a generated admin token is shown in full once — it is not stored anywhere, so note it.
     ``publish`` is the control-topic publisher handed to
     :func:`coordinator.app.create_app` (``None``: no push); ``broker_accounts`` the
-    broker's login table it updates on enrol and revoke (``None``: none); ``subscribe`` delivers the devices' status topics, so a Last Will
-    turns a device offline at once (:mod:`coordinator.presence`; ``None``: heartbeats
-    only). ``uvicorn_logging`` False leaves logging as the caller configured it (JSON
-    lines, :mod:`meshfl.cli.logs`): uvicorn's loggers then propagate to the root's handler.
-    ``tls`` serves HTTPS from that certificate and key (:func:`check_tls`); ``None``: plain
-    HTTP, which clients accept only on loopback (:mod:`meshfl.coordinator_url`).
+    broker's login table it updates on enrol and revoke (``None``: none); ``subscribe``
+    delivers the devices' status topics, so a Last Will turns a device offline at once
+    (:mod:`coordinator.presence`; ``None``: heartbeats only). ``uvicorn_logging`` False
+    leaves logging as the caller configured it (JSON lines, :mod:`meshfl.cli.logs`):
+    uvicorn's loggers then propagate to the root's handler. ``tls`` serves HTTPS from that
+    certificate and key (:func:`check_tls`); ``None``: plain HTTP, which clients accept
+    only on loopback (:mod:`meshfl.coordinator_url`).
     """
     import uvicorn
     from sqlalchemy.engine import make_url

@@ -84,6 +84,10 @@ class CoordinatorSettings(BaseSettings):
     broker_ca_file : Path or None
         PEM file of the CA that signed the broker's TLS certificate; its text is returned
         to each enrolling device as ``broker_ca``. ``None`` (default): none is returned.
+    tls_cert, tls_key : Path or None
+        PEM certificate (chain) and private key ``meshfl coordinator serve`` serves HTTPS
+        with (``--tls-cert``/``--tls-key``). ``None`` (default): plain HTTP, which clients
+        accept only on loopback (:mod:`meshfl.coordinator_url`).
     rate_limit_operator, rate_limit_device, rate_limit_heartbeat, rate_limit_enrol : str
         Requests allowed per identity on ``/api/v1`` (:mod:`coordinator.ratelimit`), in the
         ``limits`` notation (``"600/minute"``, ``"10/second;500/minute"``); ``""`` or
@@ -114,6 +118,8 @@ class CoordinatorSettings(BaseSettings):
     metrics_public: bool = False
     heartbeat_flush_s: float = Field(default=1.0, gt=0)
     broker_ca_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     rate_limit_operator: str = "600/minute"
     rate_limit_device: str = "1200/minute"
     rate_limit_heartbeat: str = "1200/minute"

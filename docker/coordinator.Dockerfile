@@ -15,5 +15,6 @@ RUN pip install --no-cache-dir ".[coordinator,postgres]" \
 USER 10001
 WORKDIR /home/meshfl
 EXPOSE 8080
-HEALTHCHECK CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz')"]
+# /healthz over HTTPS when MESHFL_COORDINATOR_TLS_CERT is set (loopback: not verified).
+HEALTHCHECK CMD ["python", "-c", "import os, ssl, urllib.request as u; s = 'https' if os.environ.get('MESHFL_COORDINATOR_TLS_CERT') else 'http'; u.urlopen(s + '://127.0.0.1:8080/healthz', context=ssl._create_unverified_context())"]
 ENTRYPOINT ["meshfl", "coordinator", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -92,8 +92,9 @@ def run_agent(
         enrolment = _saved_enrolment(config, client, identity.public_b64)
         if enrolment is None:
             enrolment = client.enrol(
-                config.token, config.name, capability_profile(None), identity.public_b64
-            )
+                config.token, config.name, capability_profile(None), identity.public_b64,
+                sign=identity.sign,  # the proof that lets this key enrol again
+            )  # fmt: skip
             _save_enrolment(config, enrolment, identity.public_b64)
         client.retry_s = config.run_retry_s  # once enrolled, ride out longer outages
         with logcontext.bind(device=enrolment["device_id"]):

@@ -13,11 +13,12 @@ operator revoked this device, and the agent stops.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -40,6 +41,7 @@ from meshfl.contract import (
     RoundMetrics,
     SecAggDirectory,
     SignedDeclaration,
+    enrol_proof_message,
 )
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
 
@@ -142,15 +144,22 @@ class CoordinatorClient:
         name: str,
         profile: CapabilityProfile,
         identity_key: str | None = None,
+        sign: Callable[[bytes], bytes] | None = None,
     ) -> EnrolResponse:
         """Enrol with the fleet's enrolment token; keeps the device token for later calls.
 
         ``identity_key`` is the device's Ed25519 public key (raw 32 bytes, base64) that
-        the coordinator checks its secure-aggregation key bundles against.
+        the coordinator checks its secure-aggregation key bundles against. ``sign`` (the
+        identity key's signer) proves the device holds it
+        (:func:`meshfl.contract.enrol_proof_message`): the coordinator needs that proof
+        to let a device that enrolled before enrol again, and retires its old identity.
         """
         body: EnrolRequest = {"token": token, "name": name, "profile": profile}
         if identity_key is not None:
             body["identity_key"] = identity_key
+            if sign is not None:
+                proof = sign(enrol_proof_message(token, name, identity_key))
+                body["identity_proof"] = base64.b64encode(proof).decode()
         reply = cast(EnrolResponse, self._request("POST", "/devices/enrol", json=body))
         self.device_token = reply["device_token"]
         return reply

@@ -107,17 +107,18 @@ def certificate_problem(exc: BaseException) -> str | None:
     """The reason a TLS handshake refused the server's certificate, or None if it did not.
 
     httpx wraps :class:`ssl.SSLCertVerificationError` in a ``ConnectError``; the chain
-    is walked (``__cause__``/``__context__``) to find it.
+    (``__cause__``/``__context__``) is walked to find it and its ``verify_message``.
     """
+    chain: list[BaseException] = []
     seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return str(seen.verify_message or seen.reason or "certificate verify failed")
-        if "CERTIFICATE_VERIFY_FAILED" in str(seen):
-            return "certificate verify failed"
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
         seen = seen.__cause__ or seen.__context__
+    for link in chain:
+        if isinstance(link, ssl.SSLCertVerificationError):
+            return str(link.verify_message or link.reason or "certificate verify failed")
+    if any("CERTIFICATE_VERIFY_FAILED" in str(link) for link in chain):
+        return "certificate verify failed"
     return None
 
 

@@ -18,6 +18,7 @@ from meshfl.cli.fleet_common import (
     print_json,
     show_time,
 )
+from meshfl.cli.fleet_enrol_token import enrol_app
 
 __all__ = ["tokens_app"]
 
@@ -29,6 +30,7 @@ api_app = typer.Typer(
     help="API tokens of operators and scripts (admin role needed).", no_args_is_help=True
 )
 tokens_app.add_typer(api_app, name="api")
+tokens_app.add_typer(enrol_app, name="enrol")  # the fleet's shared token
 
 TokenId = Annotated[str, typer.Argument(help="The token's id (from `ls`).", show_default=False)]
 Name = Annotated[str | None, typer.Option(help="A name to recognise the token by.")]

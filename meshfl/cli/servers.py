@@ -38,12 +38,20 @@ def coordinator_serve(
         str | None,
         typer.Option(
             envvar="MESHFL_COORDINATOR_ENROL_TOKEN",
-            help="Enrolment token (default: generated and printed); better in the env var"
-            " or --enrol-token-file, out of the process list.",
+            help="The fleet's shared enrolment token (default: off; devices enrol with"
+            " `meshfl fleet tokens create` tokens). Operators can disable and rotate it."
+            " Better in the env var or --enrol-token-file, out of the process list.",
         ),
     ] = None,
     enrol_token_file: Annotated[
         Path | None, typer.Option(help="Read the enrolment token from this file's first line.")
+    ] = None,
+    enrol_token_ttl: Annotated[
+        float | None,
+        typer.Option(min=1, metavar="SECONDS", help="--enrol-token expires this long after start."),
+    ] = None,
+    enrol_token_uses: Annotated[
+        int | None, typer.Option(min=1, help="--enrol-token enrols at most this many devices.")
     ] = None,
     admin_token: Annotated[
         str | None,
@@ -128,7 +136,7 @@ def coordinator_serve(
         from meshfl.cli.logs import configure_logging
 
         configure_logging(log_format="json")
-    serve = partial(serve_app, uvicorn_logging=not json_logs, tls=check_tls(tls_cert, tls_key))
+    serve = partial(serve_app, uvicorn_logging=not json_logs)
 
     with socket.socket() as probe:
         # As uvicorn binds: a restart right after a crash is not refused for TIME-WAIT.
@@ -145,11 +153,16 @@ def coordinator_serve(
         "fleet": fleet,
         "broker_url": broker_url,
         "enrol_token": optional_secret(enrol_token, enrol_token_file, "--enrol-token"),
+        "enrol_token_ttl_s": enrol_token_ttl,
+        "enrol_token_uses": enrol_token_uses,
         "admin_token": optional_secret(admin_token, admin_token_file, "--admin-token"),
         "artifacts_dir": artifacts_dir,
         "broker_ca_file": broker_ca_file,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
     }
     settings = CoordinatorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    serve = partial(serve, tls=check_tls(settings.tls_cert, settings.tls_key))  # one-line errors
     accounts = _broker_accounts(broker_password_file, broker_pid_file)
     login = _coordinator_login(accounts, settings.fleet, broker_username, broker_password)
     transport = _control_transport(

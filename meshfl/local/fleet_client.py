@@ -20,6 +20,8 @@ from meshfl.contract import (
     DevicePublic,
     EnrolmentTokenCreated,
     EnrolmentTokenPublic,
+    FleetEnrolmentPublic,
+    FleetEnrolmentRotated,
     FleetTopology,
     PrivacyStatus,
     TopologySetting,
@@ -165,6 +167,25 @@ class FleetClient(AdminClient):
     def revoke_enrolment_token(self, token_id: str) -> None:
         """Revoke an enrolment token (no device can enrol with it any more)."""
         self._call("DELETE", f"/enrolment-tokens/{path_segment(token_id)}")
+
+    def fleet_token(self) -> FleetEnrolmentPublic:
+        """The fleet's shared enrolment token: status, uses left, expiry (no secret)."""
+        return cast(FleetEnrolmentPublic, self._call("GET", "/enrolment-tokens/fleet"))
+
+    def rotate_fleet_token(
+        self, uses: int | None = None, ttl_s: float | None = None
+    ) -> FleetEnrolmentRotated:
+        """A new fleet token (the old secret is refused); its secret is shown only here.
+
+        ``None``: unlimited uses, no expiry.
+        """
+        body = {k: v for k, v in (("uses", uses), ("ttl_s", ttl_s)) if v is not None}
+        reply = self._call("POST", "/enrolment-tokens/fleet/rotate", json=body)
+        return cast(FleetEnrolmentRotated, reply)
+
+    def disable_fleet_token(self) -> FleetEnrolmentPublic:
+        """Refuse the fleet token from now on (until the next rotation)."""
+        return cast(FleetEnrolmentPublic, self._call("POST", "/enrolment-tokens/fleet/disable"))
 
     # API tokens (admin role).
 

@@ -10,6 +10,7 @@ end. Host names, ports and paths are the only things substituted.
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -81,11 +82,18 @@ def test_the_compose_fleet_runs_a_job(
         subprocess.run([*MESHFL, "data", "partition", "--out", str(data), "--devices", "3"],
                        check=True, capture_output=True)  # fmt: skip
 
+        # the compose header's TLS step: the coordinator's HTTPS certificate and its CA
+        tls = tmp_path / "tls"
+        subprocess.run([*MESHFL, "coordinator", "tls", "--out", str(tls), "--host", "localhost",
+                        "--host", "127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+
         port = free_port()
-        coordinator_url = f"http://127.0.0.1:{port}"
+        coordinator_url = f"https://127.0.0.1:{port}"
         env = {**os.environ, **services["coordinator"]["environment"]}
         env["MESHFL_COORDINATOR_DB_URL"] = f"sqlite:///{tmp_path / 'fleet.db'}"
         env["MESHFL_COORDINATOR_BROKER_URL"] = broker.url
+        for name in ("MESHFL_COORDINATOR_TLS_CERT", "MESHFL_COORDINATOR_TLS_KEY"):
+            env[name] = env[name].replace("/tls/", f"{tls}/")
         serve = _entrypoint("coordinator.Dockerfile")
         assert serve[:3] == ["meshfl", "coordinator", "serve"]
         serve = [*serve[1:3], "--host", "127.0.0.1", "--port", str(port)]
@@ -93,8 +101,10 @@ def test_the_compose_fleet_runs_a_job(
                                           stderr=subprocess.DEVNULL))  # fmt: skip
 
         def coordinator_healthy() -> bool:  # the coordinator image's HEALTHCHECK
+            trust = ssl.create_default_context(cafile=str(tls / "ca.crt"))
             try:
-                with urllib.request.urlopen(f"{coordinator_url}/healthz", timeout=2) as reply:
+                url = f"{coordinator_url}/healthz"
+                with urllib.request.urlopen(url, timeout=2, context=trust) as reply:
                     return bool(reply.status == 200)
             except OSError:
                 return False
@@ -103,7 +113,8 @@ def test_the_compose_fleet_runs_a_job(
         print(f"{time.monotonic() - t0:.1f} s: coordinator healthy")
 
         def substitute(arg: str) -> str:
-            arg = arg.replace("http://coordinator:8080", coordinator_url)
+            arg = arg.replace("https://coordinator:8080", coordinator_url)
+            arg = arg.replace("/tls/", f"{tls}/")
             arg = arg.replace("/home/meshfl/out", str(out))
             return arg.replace("/data/", f"{data}/")
 
@@ -126,7 +137,8 @@ def test_the_compose_fleet_runs_a_job(
             print(f"{time.monotonic() - t0:.1f} s: {name} healthy")
 
         job = subprocess.run(
-            [*MESHFL, "job", "start", "--coordinator", coordinator_url, "--admin-token",
+            [*MESHFL, "job", "--coordinator-ca", str(tls / "ca.crt"), "start",
+             "--coordinator", coordinator_url, "--admin-token",
              env["MESHFL_COORDINATOR_ADMIN_TOKEN"], "--devices", "3", "--rounds", "3",
              "--follow"],
             capture_output=True, text=True, timeout=180,

@@ -148,12 +148,12 @@ def test_healthz_and_openapi_list_every_contract_path(client: TestClient) -> Non
 
 
 def test_create_app_refuses_missing_tokens_and_ensure_tokens_fills_them(tmp_path: Path) -> None:
-    bare = CoordinatorSettings(db_url=f"sqlite:///{tmp_path / 'c.db'}", admin_token="a")
-    with pytest.raises(ConfigError, match="enrol_token"):
+    bare = CoordinatorSettings(db_url=f"sqlite:///{tmp_path / 'c.db'}")
+    with pytest.raises(ConfigError, match="admin_token"):
         create_app(bare)
     filled, generated = ensure_tokens(bare)
-    assert generated == ["enrol_token"]
-    assert filled.admin_token == "a" and filled.enrol_token and len(filled.enrol_token) >= 24
+    assert generated == ["admin_token"]  # the fleet enrol token stays off (issue 23)
+    assert filled.enrol_token is None and filled.admin_token and len(filled.admin_token) >= 24
 
 
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -202,3 +202,28 @@ def test_migration_0009_upgrades_and_downgrades(tmp_path: Path, database: str) -
     else:
         with scratch_schema() as url:
             check(url)
+
+
+def test_the_agents_client_proves_its_key_so_it_can_enrol_again(
+    make_client: Callable[..., TestClient],
+) -> None:
+    import httpx
+
+    from edge_agent.rest import CoordinatorClient
+
+    logins = Logins()
+    app = make_client(logins, enrol_token="fleet-secret")
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        reply = app.request(request.method, request.url.raw_path.decode(),
+                            content=request.content, headers=dict(request.headers))  # fmt: skip
+        return httpx.Response(reply.status_code, content=reply.content, headers=reply.headers)
+
+    key = IdentityKey.generate()
+    agent = CoordinatorClient("http://c", retry_s=0.0, transport=httpx.MockTransport(forward))
+    first = agent.enrol("fleet-secret", "pi", {}, key.public_b64, sign=key.sign)
+    second = agent.enrol("fleet-secret", "pi", {}, key.public_b64, sign=key.sign)  # lost state
+    assert first["device_id"] != second["device_id"]
+    assert set(logins.users) == {second["device_id"]}
+    states = {d["device_id"]: d["state"] for d in app.get(f"{API}/devices", headers=ADMIN_H).json()}
+    assert states == {first["device_id"]: "revoked", second["device_id"]: "active"}
