@@ -549,7 +549,10 @@ class SecureEngine(Mailbox):
         if env.round > self._round + MAX_ROUNDS_AHEAD:  # never held (a round near 2**32)
             raise QuotaError(f"{src}'s round {env.round} is past this device's window")
         if env.round > self._round and env.kind == MessageKind.SECURE_INPUT:
-            self._future.setdefault(env.round, []).append((src, env))
+            held = self._future.setdefault(env.round, [])
+            if any(s == src for s, _ in held):  # one masked input per member and round
+                raise QuotaError(f"{src} already has a masked input held for round {env.round}")
+            held.append((src, env))
         elif env.kind == MessageKind.SECURE_INPUT:
             self._on_input(src, env)
         elif env.kind == MessageKind.SECAGG:

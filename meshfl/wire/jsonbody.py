@@ -42,7 +42,10 @@ __all__ = [
 DEFAULT_MAX_DEPTH = 8
 """Deepest nesting of arrays and objects a payload may have (the outer object is 1)."""
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A string, or an unterminated one up to the end: a match started at a quote never fails,
+# so re.sub never retries at later quotes (linear time; a pattern requiring the closing
+# quote is quadratic on '"' followed by many '\\"').
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _BRACKETS = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "[]{}"))
 
 
@@ -50,7 +53,8 @@ def nesting_depth(text: str, limit: int) -> int:
     """Deepest bracket nesting of JSON ``text`` outside strings, counted up to ``limit + 1``.
 
     Linear in ``len(text)`` and iterative: a scan, not a parse, so it is safe on any
-    input. Brackets of an unterminated string count (such text is not JSON anyway).
+    input. An unterminated string runs to the end (such text is not JSON anyway, and
+    :func:`json.loads` fails there before it nests any deeper).
     """
     brackets = _STRING.sub("", text)
     if not brackets.isascii():

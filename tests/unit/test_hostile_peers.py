@@ -137,6 +137,23 @@ def test_nested_json_in_secure_messages_is_rejected(bus: MemoryBroker, what: str
 # -- item 9: dropped messages and memory ---------------------------------------------------
 
 
+def test_a_secure_peer_cannot_pile_up_future_inputs(bus: MemoryBroker) -> None:
+    devices, _ = build_fleet(lambda _: MemoryTransport(bus), complete_graph(3), rounds=2,
+                             threshold=2)  # fmt: skip
+    run_rounds(devices, 1)
+    victim, forger = devices["dev-0"].engine, devices["dev-1"].engine
+    rejected = victim.stats.rejected
+    words = TensorEntry("masked:dev-0", (1,), DType.UINT8, 0, b"\0")
+    listed = TensorEntry("masked_with", (2,), DType.UINT8, 0, b"[]")
+    for round_ in (3, 3, 3, 4_000_000_000):  # one per round is all a member ever sends
+        forger._send("dev-0", MessageKind.SECURE_INPUT, round_, (words, listed))
+    assert bus.drain()
+    victim.drain()
+
+    assert victim.stats.rejected == rejected + 3
+    assert [len(v) for v in victim._future.values()] == [1]
+
+
 def test_a_copied_message_id_no_longer_destroys_the_honest_message() -> None:
     honest = split_message(delta_messages()[0], b"\x07" * 16, 1024)
     r = Reassembler()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -161,6 +162,16 @@ def test_nesting_is_counted_outside_strings_only() -> None:
     assert nesting_depth("[" * 1_000_000, 8) == 9  # stops counting past the limit
     body = load_object(b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', "test", max_bytes=100, max_depth=1)
     assert body == {"a": "[" * 28}
+
+
+def test_the_nesting_scan_is_linear_on_unterminated_strings() -> None:
+    # '"' then 16,000 '\\"': a scan that retried at every quote took 31 s (quadratic).
+    text = '"' + '\\"' * 16_000
+    started = time.process_time()
+    assert nesting_depth(text, 8) == 0 and nesting_depth(text + "\\", 8) == 0
+    assert time.process_time() - started < 2.0
+    with pytest.raises(PayloadError):
+        decode_status(text.encode())
 
 
 def test_non_bytes_input_is_a_payload_error() -> None:
