@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from edge_agent.checkpoint import CheckpointStore
 from edge_agent.config import AgentConfig
 from edge_agent.health import HealthWriter
+from edge_agent.identity_lock import lock_identity
 from edge_agent.job import JobRunner
 from edge_agent.observer import AgentObserver, NullObserver
 from edge_agent.rest import CoordinatorClient, DeviceRevoked
@@ -78,6 +79,16 @@ def run_agent(
     """
     path_id(config.name, "device name")  # it names files and folders under --out
     check_allow_list(config.allowed_models)  # a bad or standard-library entry: refused now
+    lock = lock_identity(config.out, config.name)  # one process per identity, held until exit
+    try:
+        _run_locked(config, transport, observer)
+    finally:
+        lock.close()
+
+
+def _run_locked(
+    config: AgentConfig, transport: Transport | None, observer: AgentObserver | None
+) -> None:
     x, y = load_dataset_file(config.data, config.label_column)
     log.info("%s: %d local samples, %d features", config.name, len(x), x.shape[1])
     client = CoordinatorClient(
@@ -268,6 +279,7 @@ def _serve(
     finished: set[str] = set()
     checkpoints = CheckpointStore(config.out, config.name)
     while True:
+        transport.flush(0.0)  # raises if another process took over this device's session
         assignment = client.assignment(device_id)
         if assignment is None or not _runnable(assignment, finished):
             if assignment is not None and assignment["status"] in _ENDED:

@@ -494,6 +494,7 @@ class GossipEngine(Inbox):
         """
         now = self.clock()
         if not self.transport.connected:
+            self.transport.flush(0.0)  # raises if the broker refused us for good (taken over)
             cap = published + self.deadline_s + MAX_OUTAGE_WAIT_S
             return min(max(deadline, now + self.deadline_s), cap)
         self._notice_reconnect()

@@ -64,6 +64,14 @@ from edge_agent.transport.refusals import (
 from edge_agent.transport.version_probe import probe_protocol
 from meshfl.errors import BrokerUnreachable, ConfigError, MeshflError, TransportError
 
+SESSION_TAKEN_OVER = 0x8E
+"""MQTT 5 DISCONNECT reason: a client connected with the same client id."""
+
+
+class SessionTakenOver(TransportError):
+    """Another process connected with this client id: this one stops (it would fight back)."""
+
+
 __all__ = ["MqttTransport"]
 
 _MAX_INFLIGHT = 20  # QoS 1 messages awaiting PUBACK; more are queued in paho, unbounded
@@ -179,7 +187,7 @@ class MqttTransport(Transport):
         self._unacked: dict[int, str] = {}  # mid -> topic, awaiting PUBACK
         self._acked_early: dict[int, int] = {}  # mid -> PUBACK reason, came before publish returned
         self._denied: ConfigError | None = None  # a PUBACK 0x87, raised by the next publish/flush
-        self._fatal: ConfigError | None = None  # a reconnect refused for good (login revoked)
+        self._fatal: MeshflError | None = None  # a reconnect refused for good (login revoked)
         self._client_id = ""
         self._refused: int | None = None  # the reason code of the last refused CONNACK
         self._connected = False
@@ -526,6 +534,14 @@ class MqttTransport(Transport):
     ) -> None:
         was_connected, self._connected = self._connected, False
         if self._closing:
+            return
+        if code_of(reason) == SESSION_TAKEN_OVER:  # another process connected as us
+            self._fatal = SessionTakenOver(
+                f"another client connected to {self._where} as {self._client_id!r} and took"
+                " over this one's session: two processes run with one identity; stop one"
+            )
+            log.error("%s", self._fatal)
+            client.disconnect()  # reconnecting would take it back: the two would fight
             return
         delay = self._schedule_reconnect(client)
         if was_connected:

@@ -163,6 +163,7 @@ def coordinator_serve(
     }
     settings = CoordinatorSettings(**{k: v for k, v in overrides.items() if v is not None})
     serve = partial(serve, tls=check_tls(settings.tls_cert, settings.tls_key))  # one-line errors
+    _check_fleet(settings.fleet)
     accounts = _broker_accounts(broker_password_file, broker_pid_file)
     login = _coordinator_login(accounts, settings.fleet, broker_username, broker_password)
     transport = _control_transport(
@@ -187,6 +188,20 @@ def coordinator_serve(
     finally:
         transport.flush(2.0)
         transport.close()
+
+
+def _check_fleet(fleet: str) -> None:
+    """Refuse a fleet id that cannot be a topic level, before anything enrols."""
+    from meshfl.errors import ConfigError
+    from meshfl.wire import validate_id
+
+    try:
+        validate_id(fleet, "fleet id")
+    except ConfigError:
+        raise ConfigError(
+            f"fleet id {fleet[:80]!r} is invalid: it names MQTT topics, so use 1-64 letters,"
+            " digits, '_', '.' or '-' (no '/', '+', '#' or spaces); fix --fleet"
+        ) from None
 
 
 def _broker_accounts(password_file: Path | None, pid_file: Path | None) -> PasswordFile | None:
@@ -249,7 +264,8 @@ def _control_transport(
 ) -> MqttTransport | None:
     """Connect the coordinator's control-topic publisher (``None``: no broker, or it failed).
 
-    The client id is the login's username, else ``coordinator-{fleet}``; ``ca_file`` is
+    The client id is the login's username, else ``coordinator-{fleet}``, with a random
+    suffix (unique per process); ``ca_file`` is
     trusted for an ``mqtts://`` URL. Once connected, the transport reconnects by itself. A
     broker that cannot be reached now is not retried (the first connect probes the broker's
     protocol, so it needs the broker up): the coordinator warns and runs without control
@@ -258,6 +274,8 @@ def _control_transport(
     """
     if not broker_url:
         return None
+    import secrets
+
     from meshfl.errors import MeshflError
 
     username, password = login if login is not None else (None, None)
@@ -273,7 +291,9 @@ def _control_transport(
             password=password,
             ca_file=ca_file if tls else None,
         )
-        transport.connect(username or f"coordinator-{fleet}")
+        # Unique per process: two coordinators on one broker must not take each other's
+        # session (with use_username_as_clientid the broker detects a second one instead).
+        transport.connect(f"{username or f'coordinator-{fleet}'}-{secrets.token_hex(4)}")
     except ImportError as exc:  # a coordinator-only install has no MQTT client
         typer.echo(f"warning: {_NO_BROKER} ({exc}); install paho-mqtt", err=True)
         return None
