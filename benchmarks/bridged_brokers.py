@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="4 agents, 3 rounds")
     args = parser.parse_args()
     config = replace(DEFAULTS, agents=4, rounds=3) if args.smoke else DEFAULTS
-    print("workload: W1 digits-8 (../shared/WORKLOADS.md)" + (" smoke" if args.smoke else ""))
+    print("workload: W1 digits-8 (docs/workloads.md)" + (" smoke" if args.smoke else ""))
     print("command: python benchmarks/bridged_brokers.py " + " ".join(sys.argv[1:]))
     print("machine:", describe())
     reference = run_lockstep(config).mean_accuracy[-1]

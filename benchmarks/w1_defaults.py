@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print("workload: W1 digits-8 (../shared/WORKLOADS.md)")
+    print("workload: W1 digits-8 (docs/workloads.md)")
     print("command: python benchmarks/w1_defaults.py " + " ".join(sys.argv[1:]))
     print("machine:", describe())
     if args.part in ("sweep", "all"):

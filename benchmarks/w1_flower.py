@@ -12,7 +12,12 @@ processes, ``--in-process 2``: one torch import per process instead of per agent
 
     python benchmarks/w1_flower.py                    # everything, 3 repeats
     python benchmarks/w1_flower.py --repeats 1 --deploy-rounds 5
-    python benchmarks/w1_flower.py --smoke            # 2 clients, 2 rounds, grpc + meshfl
+    python benchmarks/w1_flower.py --smoke            # 2 clients, 2 rounds: grpc, sim, meshfl
+
+Everything it needs is in the repository (W1's partition: ``benchmarks/data/``; the
+workloads: ``docs/workloads.md``). It exits 1, naming the cause, when a requested engine
+fails or is unavailable, or when a run does not train (flat accuracy, 0 bytes up) or
+loses clients: such a table is no side by side.
 
 Accuracy: Flower's global model evaluated centrally on W1's test set after each round;
 meshfl's mean test accuracy over the devices' models. Bytes: serialized parameters
@@ -40,7 +45,7 @@ from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-PARTITION = ROOT.parent / "shared" / "data" / "w1_partition.json"
+PARTITION = BENCH / "data" / "w1_partition.json"
 PINS = ["torch==2.13.0", "flwr==1.42.0", "scikit-learn==1.9.1", "numpy==2.4.6", "psutil"]
 SIMULATION_PIN = "flwr[simulation]==1.42.0"
 """Ray, for the simulation engine only: added to the venv when ``sim`` runs (~1.5 min)."""
@@ -299,18 +304,50 @@ def normalize(engine: str, raw: dict[str, Any]) -> dict[str, Any]:
         offset = raw["t_job_start"] - raw["t_launch"]
         rows = [{"round": r["round"], "accuracy": r["mean_accuracy"], "run_s": r["elapsed_s"],
                  "wall_s": offset + r["elapsed_s"], "bytes_up": r["bytes_sent"],
-                 "bytes_down": r["bytes_received"]}
+                 "bytes_down": r["bytes_received"], "clients": r["devices_reporting"]}
                 for r in report["rounds"]]  # fmt: skip
         return {"rounds": rows, "train_s": None, "final_wall_s": raw["t_done"] - raw["t_launch"]}
     rows = [{"round": r["round"], "accuracy": r["accuracy"],
              "run_s": r["t_end"] - raw["t_first_fit"], "wall_s": r["t_end"] - raw["t_launch"],
-             "bytes_up": r["bytes_up"], "bytes_down": r["bytes_down"]}
+             "bytes_up": r["bytes_up"], "bytes_down": r["bytes_down"],
+             "clients": r.get("clients", 0) - r.get("failures", 0)}
             for r in raw["rounds"]]  # fmt: skip
     return {
         "rounds": rows,
         "train_s": [r["train_s_max"] for r in raw["rounds"]],
         "final_wall_s": raw.get("t_done", raw["t_launch"]) - raw["t_launch"],
     }
+
+
+def problems(results: dict[str, Any], engines: list[str], clients: int) -> list[str]:
+    """Why these results are no fair side by side (empty: none); the run then exits 1.
+
+    A requested engine that did not run or failed; a run whose accuracy never moved or
+    that sent no bytes up in a round (a peer that never trained, issue 24 item 7); a
+    round with fewer than ``clients`` clients reporting (clients lost or failed).
+    """
+    found = [f"{key}: {why.strip().splitlines()[-1] if why.strip() else 'failed'}"
+             for key, why in results["unavailable"].items()]  # fmt: skip
+    for phase in ("engines", "overhead"):
+        for engine, runs in results[phase].items():
+            for k, run in enumerate(runs):
+                name, rows = f"{phase}:{engine} run {k + 1}", run["rounds"]
+                if not rows:
+                    found.append(f"{name}: no round completed")
+                    continue
+                accuracies = [r["accuracy"] for r in rows]
+                if len(rows) > 1 and max(accuracies) - min(accuracies) < 1e-9:
+                    found.append(f"{name}: accuracy flat at {accuracies[0]:.4f}: it never trained")
+                if any(r["bytes_up"] <= 0 for r in rows):
+                    found.append(f"{name}: a round sent 0 bytes up: clients did not train")
+                short = [r for r in rows if r.get("clients", clients) < clients]
+                if short:
+                    found.append(f"{name}: round {short[0]['round']} had"
+                                 f" {short[0]['clients']} of {clients} clients")  # fmt: skip
+    ran = set(results["engines"])
+    found += [f"{e}: requested, no run" for e in engines if e not in ran
+              and not any(key.endswith(e) for key in results["unavailable"])]  # fmt: skip
+    return found
 
 
 def to_targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float] | None]:
@@ -410,7 +447,7 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--no-overhead", action="store_true")
     parser.add_argument(
-        "--smoke", action="store_true", help="2 clients, 2 rounds, grpc + meshfl, no overhead run"
+        "--smoke", action="store_true", help="2 clients, 2 rounds: grpc, sim, meshfl"
     )
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-flower")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "w1_flower.png")
@@ -423,9 +460,9 @@ def main() -> None:
         return
     if args.smoke:
         args.clients, args.rounds, args.repeats = 2, 2, 1
-        args.engines, args.no_overhead = "grpc,meshfl", True
+        args.engines, args.no_overhead = "grpc,sim,meshfl", True
     engines = args.engines.split(",")
-    print("workload: W1 digits-8 (../shared/WORKLOADS.md): FedAvg (Flower) vs meshfl local")
+    print("workload: W1 digits-8 (docs/workloads.md): FedAvg (Flower) vs meshfl local")
     print("command: python benchmarks/w1_flower.py " + " ".join(sys.argv[1:]))
     print("machine:", describe())
     python = ensure_venv(args.venv, simulation="sim" in engines)
@@ -476,6 +513,11 @@ def main() -> None:
     if results["engines"]:
         plot(results, args.out)
         print(f"plot: {args.out}")
+    if found := problems(results, engines, args.clients):
+        print("\nFAILED: these results are not a fair side by side:", file=sys.stderr)
+        for line in found:
+            print(f"  {line}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _fmt(v: float | None, spec: str) -> str:

@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run the settings whose name contains this")
     parser.add_argument("--smoke", action="store_true", help="tiny fleet (tests)")
     options = parser.parse_args()
-    print("# W1 with privacy: `meshfl local`, 8 agents, ring, 30 rounds (../shared/WORKLOADS.md)")
+    print("# W1 with privacy: `meshfl local`, 8 agents, ring, 30 rounds (docs/workloads.md)")
     print(f"command: python benchmarks/w1_privacy.py{' --smoke' if options.smoke else ''}")
     print(f"machine: {describe()}")
     print("setting | final mean acc | min acc | payload MB sent | wall s | s/round | ε spent")

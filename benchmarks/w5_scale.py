@@ -214,7 +214,7 @@ def main() -> None:
         alpha=1.0, topology="random-regular", topology_degree=4,
         round_deadline_s=args.deadline,
     )  # fmt: skip
-    print("workload: W5 scale (../shared/WORKLOADS.md)" + (" smoke" if args.smoke else ""))
+    print("workload: W5 scale (docs/workloads.md)" + (" smoke" if args.smoke else ""))
     print("command: python benchmarks/w5_scale.py " + " ".join(sys.argv[1:]))
     print("machine:", describe())
     print(f"{agents} agents in {args.processes} processes, {rounds} rounds, mnist1d mlp [64],"

@@ -1,6 +1,6 @@
 """W1/W2 datasets, train/test splits of user files and per-device data files.
 
-W1 (``shared/WORKLOADS.md``): scikit-learn digits, features / 16, stratified 20 % test
+W1 (``docs/workloads.md``): scikit-learn digits, features / 16, stratified 20 % test
 split with ``random_state=0``; 8 devices, Dirichlet(α = 0.5) label skew, numpy seed 0.
 :func:`load_digits_split` and :func:`dirichlet_partition` reproduce its published indices
 exactly.

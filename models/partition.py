@@ -57,7 +57,7 @@ def dirichlet_partition(
     One ``np.random.default_rng(seed)`` serves all classes, taken in ascending order: for
     class c with n_c samples, shuffle its indices, draw p ~ Dirichlet(α · 1_n_devices) and
     split the shuffled indices at ``(cumsum(p) · n_c).astype(int)[:-1]``. This is W1's
-    recipe and reproduces ``shared/data/w1_partition.json`` for (α = 0.5, 8 devices, 0).
+    recipe and reproduces ``benchmarks/data/w1_partition.json`` for (α = 0.5, 8 devices, 0).
 
     Parameters
     ----------

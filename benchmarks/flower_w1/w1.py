@@ -1,4 +1,4 @@
-"""Workload W1 (shared/WORKLOADS.md) with numpy, scikit-learn and torch only.
+"""Workload W1 (docs/workloads.md) with numpy, scikit-learn and torch only.
 
 Data: ``load_digits`` / 16, stratified 80/20 split (``random_state=0``); partition:
 Dirichlet(0.5) label skew over 8 devices, ``np.random.default_rng(0)``; model: MLP

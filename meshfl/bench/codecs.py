@@ -1,4 +1,4 @@
-"""``meshfl bench codecs``: the W3 codec micro-benchmark (shared/WORKLOADS.md).
+"""``meshfl bench codecs``: the W3 codec micro-benchmark (docs/workloads.md).
 
 Two deltas: ``gaussian``, a float32 vector of ``size`` elements from
 ``np.random.default_rng(0).standard_normal(size, dtype=np.float32)``; and ``w1-real``,

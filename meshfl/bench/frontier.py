@@ -74,7 +74,7 @@ WORKLOADS: dict[str, Workload] = {
         reference_slack=0.01,
     ),
 }
-"""W1 and W2 of ``shared/WORKLOADS.md`` (ring, lr 0.1, batch 32, one local epoch)."""
+"""W1 and W2 of ``docs/workloads.md`` (ring, lr 0.1, batch 32, one local epoch)."""
 
 
 @dataclass

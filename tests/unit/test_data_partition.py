@@ -1,4 +1,4 @@
-"""W1 split and partition: reproduce shared/data/w1_partition.json exactly."""
+"""W1 split and partition: reproduce benchmarks/data/w1_partition.json exactly."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from models.datasets import (
     write_partition,
 )
 
-# Facts of shared/data/w1_partition.json, embedded so the test runs wherever the repo does.
+# Facts of benchmarks/data/w1_partition.json (the copy of the brief's), embedded as well.
 W1_DEVICES_SHA256 = "b92aebddce50487cba93b2000eefce8f048d9c749f0e25fe20db3679523742e9"
 W1_SIZES = [72, 338, 239, 246, 103, 236, 83, 120]
 W1_LABEL_COUNTS = [
@@ -38,6 +38,7 @@ W1_LABEL_COUNTS = [
 _ROOT = Path(__file__).resolve().parents[2]
 _CANDIDATES = [
     Path(os.environ.get("MESHFL_W1_PARTITION", "/nonexistent")),
+    _ROOT / "benchmarks" / "data" / "w1_partition.json",
     _ROOT / "shared" / "data" / "w1_partition.json",
     _ROOT.parent / "shared" / "data" / "w1_partition.json",
     _ROOT / "tests" / "data" / "w1_partition.json",
