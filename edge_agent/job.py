@@ -15,7 +15,7 @@ from edge_agent.engine import GossipEngine
 from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
-from edge_agent.resume import Resumer
+from edge_agent.resume import Resumer, save_final_model
 from edge_agent.secure_engine import SecureEngine
 from edge_agent.secure_job import build_secure_engine
 from edge_agent.signing import Signer, Verifier
@@ -387,8 +387,12 @@ class JobRunner:
         finally:
             reporter.close()
         path = self.config.out / self.job_id / self.config.name / "model.pt"
-        trainer.save(path)
-        onnx_path, onnx_diff = _export_onnx(trainer, path.with_name("model.onnx"), x_test)
+        model_path = save_final_model(trainer, path)
+        onnx_path, onnx_diff = (
+            _export_onnx(trainer, path.with_name("model.onnx"), x_test)
+            if model_path
+            else (None, None)
+        )
         if spec.get("publish_model") and onnx_path is not None:
             self._publish(Path(onnx_path))  # before done: a completed job has every model
         # Done first: a flush on a slow link can take seconds, and the coordinator takes
@@ -399,7 +403,7 @@ class JobRunner:
                 "final_accuracy": accuracy,
                 "bytes_sent": self.transport.bytes_sent - sent0,
                 "bytes_received": self.transport.bytes_received - received0,
-                "model_path": str(path.resolve()),
+                "model_path": model_path,  # "": not written (the disk refused it)
                 "onnx_path": onnx_path,
                 "onnx_max_abs_diff": onnx_diff,
             },
