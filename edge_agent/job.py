@@ -136,9 +136,10 @@ class JobRunner:
         spec = self.spec
         self.privacy = PrivacyOptions.from_spec(spec)  # ConfigError: the job is declined
         self.signer, self.verifier = self._signing()
-        check_model_fit(x, y, spec["model"])
+        check_model_fit(x, y, spec["model"], self.config.data)  # errors name the file
         x_test, y_test = self._test_data()
-        check_model_fit(x_test, y_test, spec["model"])
+        test_path = self.config.test_data or spec.get("test_data") or self.config.data
+        check_model_fit(x_test, y_test, spec["model"], test_path)
         trainer = Trainer(
             spec["model"],
             seed=spec["seed"],  # every device starts from the same weights
@@ -679,7 +680,7 @@ class JobRunner:
         return [float(v) for v in consensus_sketch(params, dim, self.spec["seed"])]
 
     def _test_data(self) -> tuple[np.ndarray, np.ndarray]:
-        from models.data import load_dataset_file
+        from models.data import check_labels, load_dataset_file
 
         path = self.config.test_data or self.spec["test_data"]
         if path is not None:
@@ -687,7 +688,8 @@ class JobRunner:
         if self.config.data.suffix == ".npz":
             with np.load(self.config.data) as arrays:
                 if "x_test" in arrays and "y_test" in arrays:
-                    return arrays["x_test"].astype(np.float32), arrays["y_test"].astype(np.int64)
+                    labels = check_labels(self.config.data, arrays["y_test"])  # 3.5: refused
+                    return arrays["x_test"].astype(np.float32), labels
         raise DataError(
             f"job {self.job_id} names no test data and {self.config.data} has no"
             " x_test/y_test arrays; pass --test-data FILE"
