@@ -225,7 +225,8 @@ def job_public(
     ``missing_rounds`` of a device are the rounds ``1..R`` it took part in
     (``joined_round <= r < left_round``) but did not report, where R is the last round
     any device reported; ``isolated_rounds`` the rounds it reported but heard from none
-    of its neighbours in the current topology (it trained alone); ``plan`` its
+    of its neighbours in the current topology (it trained alone); ``unmixed_rounds`` the
+    rounds in which a neighbour mixed without its delta (late, lost); ``plan`` its
     :class:`~meshfl.contract.DevicePlan`.
     """
     last_round = max((m.round for m in metrics), default=0)
@@ -245,6 +246,12 @@ def job_public(
         )
         for r in rows
     ]
+    unmixed: dict[str, set[int]] = defaultdict(set)  # sender → rounds a neighbour went without
+    for m in metrics:
+        for sender in m.metrics.get("missing", ()):
+            unmixed[str(sender)].add(m.round)
+    for device in devices:
+        device["unmixed_rounds"] = sorted(unmixed.get(device["device_id"], ()))
     if epsilon is not None:
         for device in devices:
             device["epsilon_spent"] = epsilon.get(device["device_id"])

@@ -38,6 +38,7 @@ A failed checkpoint write removes the previous file, so a stale one never underc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -149,7 +150,8 @@ class CheckpointStore:
         try:
             atomic_write(path, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
         except OSError:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only folder keeps it: see resume
+                path.unlink(missing_ok=True)
             raise
         return time.perf_counter() - started
 
@@ -191,8 +193,15 @@ class CheckpointStore:
         return self.path(job_id).with_suffix(".outbox")  # ConfigError: not a job id
 
     def remove(self, job_id: str) -> None:
-        """Delete the checkpoint and the outbox of ``job_id`` (the job ended for this device)."""
-        self.path(job_id).unlink(missing_ok=True)
+        """Delete the checkpoint and the outbox of ``job_id`` (the job ended for this device).
+
+        A folder that refuses (read-only) keeps them, with a debug line: a later start
+        finds the job ended and removes them then.
+        """
+        try:
+            self.path(job_id).unlink(missing_ok=True)
+        except OSError as exc:
+            log.debug("cannot remove the checkpoint of job %s: %s", job_id, exc)
         shutil.rmtree(self.outbox_folder(job_id), ignore_errors=True)
 
     def prune(self, keep: str | None = None) -> list[str]:
@@ -204,7 +213,11 @@ class CheckpointStore:
         removed = []
         for path in sorted(self.folder.glob("*.npz")):
             if path.stem != keep:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:  # a read-only folder: left, harmless (another job)
+                    log.warning("cannot remove %s (%s)", path, exc.strerror or exc)
+                    continue
                 removed.append(path.stem)
         for path in sorted(self.folder.glob("*.outbox")):
             if path.stem != keep:

@@ -67,6 +67,7 @@ class HealthWriter:
         self._connected = connected
         self._interval_s = interval_s
         self._stop = threading.Event()
+        self._failing = False  # the last write failed (its warning was said)
         self._thread = threading.Thread(target=self._loop, name="health", daemon=True)
 
     def start(self) -> None:
@@ -79,7 +80,10 @@ class HealthWriter:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self._interval_s)
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:  # a read-only folder: the stale file ages out (check_health)
+            log.debug("cannot remove %s: %s", self.path, exc)
 
     def write(self) -> None:
         """Write one record atomically; an I/O error is logged, never raised."""
@@ -93,8 +97,16 @@ class HealthWriter:
         }
         try:
             atomic_write(self.path, lambda handle: handle.write(json.dumps(record).encode()))
-        except OSError as exc:
-            log.warning("cannot write %s: %s", self.path, exc)
+        except OSError as exc:  # said once, not every interval; again after a success
+            if not self._failing:
+                log.warning(
+                    "cannot write %s (%s): health checks will see no agent",
+                    self.path,
+                    exc.strerror or exc,
+                )
+            self._failing = True
+        else:
+            self._failing = False
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -15,7 +15,7 @@ from edge_agent.engine import GossipEngine
 from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
-from edge_agent.resume import Resumer
+from edge_agent.resume import Resumer, save_final_model
 from edge_agent.secure_engine import SecureEngine
 from edge_agent.secure_job import build_secure_engine
 from edge_agent.signing import Signer, Verifier
@@ -143,9 +143,10 @@ class JobRunner:
         self.signer, self.verifier = self._signing()
         # Only the zoo and the owner's allowed factories; checked before anything is imported.
         check_allowed(spec["model"], self.config.allowed_models)  # SecurityError: declined
-        check_model_fit(x, y, spec["model"])
+        check_model_fit(x, y, spec["model"], self.config.data)  # errors name the file
         x_test, y_test = self._test_data()
-        check_model_fit(x_test, y_test, spec["model"])
+        test_path = self.config.test_data or spec.get("test_data") or self.config.data
+        check_model_fit(x_test, y_test, spec["model"], test_path)
         trainer = Trainer(
             spec["model"],
             seed=spec["seed"],  # every device starts from the same weights
@@ -396,8 +397,12 @@ class JobRunner:
         finally:
             reporter.close()
         path = self.config.out / self.job_id / self.config.name / "model.pt"  # checked ids
-        trainer.save(path)
-        onnx_path, onnx_diff = _export_onnx(trainer, path.with_name("model.onnx"), x_test)
+        model_path = save_final_model(trainer, path)
+        onnx_path, onnx_diff = (
+            _export_onnx(trainer, path.with_name("model.onnx"), x_test)
+            if model_path
+            else (None, None)
+        )
         if spec.get("publish_model") and onnx_path is not None and not self.privacy.private:
             self._publish(Path(onnx_path))  # before done: a completed job has every model
         # Done first: a flush on a slow link can take seconds, and the coordinator takes
@@ -408,7 +413,7 @@ class JobRunner:
                 "final_accuracy": accuracy,
                 "bytes_sent": self.transport.bytes_sent - sent0,
                 "bytes_received": self.transport.bytes_received - received0,
-                "model_path": str(path.resolve()),
+                "model_path": model_path,  # "": not written (the disk refused it)
                 "onnx_path": onnx_path,
                 "onnx_max_abs_diff": onnx_diff,
             },
@@ -684,7 +689,7 @@ class JobRunner:
         return [float(v) for v in consensus_sketch(params, dim, self.spec["seed"])]
 
     def _test_data(self) -> tuple[np.ndarray, np.ndarray]:
-        from models.data import load_dataset_file
+        from models.data import check_labels, load_dataset_file
 
         if self.config.test_data is not None:  # the owner's own choice
             return load_dataset_file(Path(self.config.test_data), self.config.label_column)
@@ -694,7 +699,8 @@ class JobRunner:
         if self.config.data.suffix == ".npz":
             with np.load(self.config.data) as arrays:
                 if "x_test" in arrays and "y_test" in arrays:
-                    return arrays["x_test"].astype(np.float32), arrays["y_test"].astype(np.int64)
+                    labels = check_labels(self.config.data, arrays["y_test"])  # 3.5: refused
+                    return arrays["x_test"].astype(np.float32), labels
         raise DataError(
             f"job {self.job_id} names no test data and {self.config.data} has no"
             " x_test/y_test arrays; pass --test-data FILE"

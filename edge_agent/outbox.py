@@ -202,7 +202,10 @@ class Outbox:
         entry = self._entries.pop(sequence)
         self._bytes -= entry.size
         if self.folder is not None:
-            self._path(sequence).unlink(missing_ok=True)
+            try:
+                self._path(sequence).unlink(missing_ok=True)
+            except OSError as exc:
+                self._in_memory(exc)
 
     def _in_memory(self, exc: OSError) -> None:
         """Go on without the disk (full, read-only): repairs work until a restart."""

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from edge_agent.trainer import Trainer
     from edge_agent.versions import TopologyVersion
 
-__all__ = ["Resumer", "delivery_state", "restore_delivery"]
+__all__ = ["Resumer", "delivery_state", "restore_delivery", "save_final_model"]
 
 log = logging.getLogger("meshfl.agent.job")
 
@@ -100,6 +100,7 @@ class Resumer:
         self.save_s: list[float] = []
         self.reports: list[RoundMetrics] = []  # the latest, kept in each checkpoint
         self.first_sequence = 0  # the resumed engine's (restore)
+        self.failed_saves = 0  # checkpoint writes refused (a full or read-only disk)
 
     def load(self, trainer: Trainer, topo: TopologyVersion) -> Checkpoint | None:
         """The job's usable checkpoint, kept as :attr:`checkpoint`; None if there is none.
@@ -254,9 +255,13 @@ class Resumer:
         try:
             seconds = self.store.save(checkpoint)
         except (OSError, TypeError, ValueError) as exc:  # a full or read-only disk, mostly
+            self.failed_saves += 1
+            if self.failed_saves > 1:  # said once; the round's report goes out all the same
+                log.debug("round %d: checkpoint not written (%s)", round_, exc)
+                return
             log.warning(
-                "round %d: could not write the checkpoint (%s); a restart would run the job"
-                " from round 1",
+                "round %d: could not write the checkpoint (%s); the job goes on, but a restart"
+                " would resume from an earlier checkpoint or run the job from round 1",
                 round_,
                 getattr(exc, "strerror", None) or exc,
             )
@@ -307,3 +312,22 @@ def restore_delivery(engine: GossipEngine, state: Mapping[str, Any]) -> None:
     for peer, received in numbers.items():
         if peer in engine._applied:
             engine._applied[peer] |= received
+
+
+def save_final_model(trainer: Trainer, path: Path) -> str:
+    """Write the job's final model (:meth:`Trainer.save`); its absolute path, or ``""``.
+
+    A full or read-only disk does not end the job: the error is said in one line, the
+    model stays in memory and the done report carries its accuracy (``model_path`` "").
+    """
+    try:
+        trainer.save(path)
+    except OSError as exc:
+        log.error(
+            "cannot write the final model to %s (%s): it is kept in memory only and its"
+            " accuracy is reported",
+            path,
+            exc.strerror or exc,
+        )
+        return ""
+    return str(path.resolve())

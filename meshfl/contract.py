@@ -826,6 +826,8 @@ class JobDevicePublic(TypedDict):
     done: bool
     error: str | None  # the reason a device declined the job
     isolated_rounds: list[int]  # rounds it reported without hearing from any neighbour
+    # Issue 25: rounds in which a neighbour mixed without this device's delta
+    unmixed_rounds: NotRequired[list[int]]
     joined_round: int  # first round it ran (1, or later for a device that joined)
     left_round: int | None  # first round it no longer took part in (None: stayed)
     plan: DevicePlan

@@ -27,12 +27,12 @@ import numpy as np
 from meshfl.contract import MAX_CLASSES, ModelSpec
 from meshfl.errors import DataError
 
-__all__ = ["check_model_fit", "load_dataset_file", "load_test_arrays"]
+__all__ = ["check_labels", "check_model_fit", "load_dataset_file", "load_test_arrays"]
 
 _FORMATS = ".npz, .csv or an image folder"
 
 
-def _fail(path: Path, problem: str, fix: str) -> DataError:
+def _fail(path: str | Path, problem: str, fix: str) -> DataError:
     return DataError(f"{path}: {problem}; {fix}")
 
 
@@ -118,16 +118,30 @@ def _real(a: np.ndarray) -> bool:
     )
 
 
-def _check_labels(path: Path, y: np.ndarray) -> np.ndarray:
-    """Labels (n,) of any real dtype → int64 in [0, MAX_CLASSES), compared before any cast."""
+def check_labels(path: str | Path, y: np.ndarray) -> np.ndarray:
+    """Labels (n,) of any real dtype → int64 in [0, MAX_CLASSES), compared before any cast.
+
+    Raises
+    ------
+    DataError
+        Naming ``path`` and the first offending label (e.g. ``3.5``) and its sample.
+
+    """
     fix = f"number the classes 0, 1, 2, … (at most {MAX_CLASSES} classes)"
     if y.dtype == np.bool_:
         return y.astype(np.int64)
     if not np.issubdtype(y.dtype, np.integer):
         with np.errstate(over="ignore", invalid="ignore"):
             wide = y.astype(np.float64)
-        if not np.isfinite(wide).all() or (wide != np.round(wide)).any():
-            raise _fail(path, "labels are not all integers", "store class labels as 0, 1, 2, …")
+        bad = np.flatnonzero(~np.isfinite(wide) | (wide != np.round(wide)))
+        if bad.size:
+            first = int(bad[0])
+            raise _fail(
+                path,
+                f"label {float(wide[first]):g} of sample {first} is not an integer"
+                f" ({bad.size} such labels)",
+                "store class labels as 0, 1, 2, …",
+            )
         y = wide
     low, high = y.min(), y.max()
     if low < 0:
@@ -171,7 +185,7 @@ def _validate(path: Path, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.
     if not np.isfinite(x).all():
         bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
         raise _fail(path, f"features contain NaN or inf (first in sample {bad})", fix_x)
-    return x, _check_labels(path, y)
+    return x, check_labels(path, y)
 
 
 def _load(

@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TARGETS",
+    "add_unmixed",
     "build_report",
     "ledger_line",
     "ledger_section",
     "live_time_to_accuracy",
+    "unmixed_by_device",
     "write_report",
 ]
 
@@ -157,6 +159,38 @@ def ledger_section(ledger: JobLedger) -> dict[str, Any]:
     return section
 
 
+def unmixed_by_device(
+    metrics: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> dict[str, dict[int, int]]:
+    """Which devices' deltas their neighbours did not mix, and in which rounds.
+
+    ``metrics`` maps each device id to its round reports (``RoundMetrics``: ``round`` and
+    ``missing``, the neighbours it mixed without). Returns device id → {round: how many
+    neighbours mixed without it that round}; the sum over devices is the ledger's
+    ``unmixed``.
+    """
+    out: dict[str, dict[int, int]] = {}
+    for reports in metrics.values():
+        for m in reports:
+            for sender in m.get("missing", ()):
+                rounds = out.setdefault(str(sender), {})
+                rounds[int(m["round"])] = rounds.get(int(m["round"]), 0) + 1
+    return out
+
+
+def add_unmixed(report: dict[str, Any], unmixed: Mapping[str, Mapping[int, int]]) -> None:
+    """Give each device of ``report`` its ``unmixed`` count and ``unmixed_rounds``.
+
+    ``unmixed``: (neighbour, round) pairs in which a neighbour mixed without this
+    device's delta (too late for the round deadline, lost, or never sent);
+    ``unmixed_rounds``: the rounds with at least one.
+    """
+    for device in report["devices"]:
+        rounds = unmixed.get(device["id"], {})
+        device["unmixed"] = sum(rounds.values())
+        device["unmixed_rounds"] = sorted(rounds)
+
+
 def ledger_line(section: dict[str, Any]) -> str:
     """The one-line summary ``meshfl local`` prints of a report's ``ledger`` section."""
     if "error" in section:
@@ -171,6 +205,12 @@ def ledger_line(section: dict[str, Any]) -> str:
         f" {t.get('retransmitted', 0)} re-sent on request,"
         f" {t['recovered_by_keyframe']} recovered by keyframe,"
         f" {t['unrecovered_losses']} lost"
+        + (f", {section['unmixed']} not mixed" if section.get("unmixed") else "")
+        + (
+            f", {section['derived']['unaccounted']} unaccounted"
+            if section.get("derived", {}).get("unaccounted")
+            else ""
+        )
     )
 
 

@@ -33,7 +33,13 @@ from meshfl.local.monitor import Hooks, RoundHook, agents, check_servers, monito
 from meshfl.local.onnx_report import report_section
 from meshfl.local.process_faults import ProcessFaults, broker_faults
 from meshfl.local.processes import Child, Supervisor, free_port, wait_for_port
-from meshfl.local.report import build_report, ledger_section, write_report
+from meshfl.local.report import (
+    add_unmixed,
+    build_report,
+    ledger_section,
+    unmixed_by_device,
+    write_report,
+)
 from meshfl.local.secure_broker import (
     SECURITY_LINE,
     SecureBroker,
@@ -233,7 +239,10 @@ def run_local(
         report["security"] = _security_section(admin, final_job, spec, secure)
         report["chaos"] = None if chaos is None else chaos.report()
         report["ledger"] = _ledger(admin, job["job_id"])
-        report["ledger"]["unmixed"] = _unmixed(admin, final_job)
+        unmixed = _unmixed(admin, final_job)
+        report["ledger"]["unmixed"] = None if unmixed is None else _total(unmixed)
+        if unmixed is not None:
+            add_unmixed(report, unmixed)
         if bridged is not None:
             report["brokers"] = brokers_section(bridged, config.agents + len(config.join_at))
         say("job ended; fetching the consensus model and checking the ONNX exports")
@@ -303,21 +312,25 @@ def _ledger(admin: AdminClient, job_id: str) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def _unmixed(admin: AdminClient, job: JobPublic) -> int | None:
-    """Neighbours left out of a round's mixing, summed over the devices' round reports.
+def _unmixed(admin: AdminClient, job: JobPublic) -> dict[str, dict[int, int]] | None:
+    """Neighbours left out of a round's mixing, per device left out and round.
 
-    ``RoundMetrics.missing`` of every report; None if the coordinator could not be read.
-    Losses the ledger cannot see show here: a neighbour's message that never came before
-    the round went on without it, and nothing of that neighbour came after it.
+    ``RoundMetrics.missing`` of every report (:func:`unmixed_by_device`); None if the
+    coordinator could not be read. Losses the ledger cannot see show here: a neighbour's
+    message that never came before the round went on without it.
     """
     try:
-        return sum(
-            len(m["missing"])
+        metrics = {
+            d["device_id"]: admin.device_metrics(job["job_id"], d["device_id"])
             for d in job["devices"]
-            for m in admin.device_metrics(job["job_id"], d["device_id"])
-        )
+        }
     except MeshflError:
         return None
+    return unmixed_by_device(metrics)
+
+
+def _total(unmixed: dict[str, dict[int, int]]) -> int:
+    return sum(sum(rounds.values()) for rounds in unmixed.values())
 
 
 def _artifacts(admin: AdminClient, job_id: str, path: Path) -> dict[str, Any]:

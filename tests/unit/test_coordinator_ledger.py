@@ -14,7 +14,7 @@ from test_coordinator_api import ADMIN, ADMIN_H, API, ENROL, FakeClock, metrics,
 from coordinator import CoordinatorSettings, create_app
 from coordinator.ledger import COUNTS
 from meshfl.contract import RoundLedger
-from meshfl.local.report import ledger_line, ledger_section
+from meshfl.local.report import add_unmixed, ledger_line, ledger_section, unmixed_by_device
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -208,3 +208,36 @@ def test_a_ledger_with_impossible_per_sender_counts_is_refused(
     body["ledger"]["peers"] = {"x": {**_peer(1, 1), "heard": -1}}
     answer = client.post(f"{API}/jobs/{job_id}/metrics", json=body, headers=devices[0][1])
     assert answer.status_code in (400, 422) and "heard" in answer.text
+
+
+def test_deltas_a_neighbour_went_without_show_per_device_and_in_the_summary(
+    client: TestClient, job: tuple[str, Devices]
+) -> None:
+    # Issue 25: a slowed device whose deltas no neighbour mixed showed nothing: its
+    # missing_rounds and isolated_rounds were empty and the summary line said nothing.
+    job_id, devices = job
+    (d0, h0), (d1, h1), (d2, h2) = devices
+    url = f"{API}/jobs/{job_id}/metrics"
+    for rnd in (1, 2):
+        for headers, went_without in ((h0, [d2]), (h1, [d2] if rnd == 1 else []), (h2, [])):
+            body = {**metrics(rnd, 0.5, []), "missing": went_without}
+            assert client.post(url, json=body, headers=headers).status_code == 204
+
+    body = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
+
+    shown = {d["device_id"]: d for d in body["devices"]}
+    assert shown[d2]["unmixed_rounds"] == [1, 2] and shown[d2]["missing_rounds"] == []
+    assert shown[d0]["unmixed_rounds"] == [] == shown[d1]["unmixed_rounds"]
+    per_device = unmixed_by_device(
+        {d: client.get(f"{API}/jobs/{job_id}/devices/{d}/metrics", headers=ADMIN_H).json()
+         for d in (d0, d1, d2)}
+    )  # fmt: skip
+    report: dict[str, Any] = {"devices": [{"id": d} for d in (d0, d1, d2)]}
+    add_unmixed(report, per_device)
+    assert [(d["unmixed"], d["unmixed_rounds"]) for d in report["devices"]] == [
+        (0, []), (0, []), (3, [1, 2])
+    ]  # fmt: skip
+    totals = client.get(f"{API}/jobs/{job_id}/ledger", headers=ADMIN_H).json()
+    section = {**ledger_section(totals), "unmixed": 3}
+    section["totals"]["devices_reporting"] = 3
+    assert ledger_line(section).endswith(", 3 not mixed")

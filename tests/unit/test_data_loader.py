@@ -64,7 +64,7 @@ BAD_FILES = {
     "header_only.csv": (b"a,label\n", "no samples"),
     "nan.csv": (b"a,label\nnan,0\n1,1\n", "NaN"),
     "negative.csv": (b"a,label\n1,-1\n", "negative label"),
-    "fraction.csv": (b"a,label\n1,0.5\n", "not all integers"),
+    "fraction.csv": (b"a,label\n1,0.5\n", "label 0.5 of sample 0 is not an integer"),
     "data.txt": (b"1,2,3\n", "unsupported"),
     "nox.npz": ({"features": np.zeros((2, 2)), "y": np.zeros(2)}, "no array 'x'"),
     "noy.npz": ({"x": np.zeros((2, 2))}, "no array 'y'"),
