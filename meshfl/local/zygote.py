@@ -91,9 +91,9 @@ class ForkedProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             left = 1.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
+            self._read(max(0.0, min(left, 1.0)))
+            if self.returncode is None and left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            self._read(min(left, 1.0))
         return self.returncode
 
     def _read(self, timeout: float) -> None:
@@ -138,17 +138,19 @@ class Zygote:
     Parameters
     ----------
     log_dir : Path
-        The zygote writes its own output to ``LOG_DIR/zygote.log``.
+        Where :meth:`stop` leaves the zygote's own output, ``LOG_DIR/zygote.log``, if that
+        folder exists by then (until then it is in the zygote's temporary folder: a run
+        refused before it started anything leaves no ``logs`` folder).
     env : dict, optional
         The zygote's environment (default: this process's, unbuffered output).
 
     """
 
     def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / "zygote.log"
+        self._log_dir = log_dir
         # A short path: a Unix socket's path is limited to 107 bytes.
         self._dir = Path(tempfile.mkdtemp(prefix="meshfl-zygote-"))
+        self.log_path = self._dir / "zygote.log"
         self.socket_path = self._dir / "zygote.sock"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -270,4 +272,8 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._log_dir.is_dir():
+            with contextlib.suppress(OSError):
+                shutil.copyfile(self.log_path, self._log_dir / "zygote.log")
+                self.log_path = self._log_dir / "zygote.log"
         shutil.rmtree(self._dir, ignore_errors=True)
