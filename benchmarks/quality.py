@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -198,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the whole algorithm × topology × codec × momentum grid (slow)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="override the workload's rounds (W1 30, W2 60), for smoke runs",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     try:
@@ -208,19 +215,24 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds:
         print("error: --seeds is empty; give e.g. 0,1,2", file=sys.stderr)
         return 2
+    if args.rounds is not None and args.rounds < 1:
+        print(f"error: --rounds must be >= 1 (got {args.rounds})", file=sys.stderr)
+        return 2
+    keep = {s.strip() for s in args.only.split(",") if s.strip()}
+    known = {"fedavg", "choco", "efavg", "pga", "epidemic", "tracking"}
+    if not keep <= known:
+        print(
+            f"error: --only {', '.join(sorted(keep - known))} is not an algorithm; "
+            f"use some of {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
     torch.set_num_threads(1)
     workload = load_workload(args.workload)
+    if args.rounds is not None:
+        workload = replace(workload, rounds=args.rounds)
     sweep = full_grid() if args.full else candidates(args.workload)
-    if args.only:
-        keep = {s.strip() for s in args.only.split(",")}
-        known = {"fedavg", "choco", "efavg", "pga", "epidemic", "tracking"}
-        if not keep <= known:
-            print(
-                f"error: --only {', '.join(sorted(keep - known))} is not an algorithm; "
-                f"use some of {', '.join(sorted(known))}",
-                file=sys.stderr,
-            )
-            return 2
+    if keep:
         sweep = [c for c in sweep if c.algorithm in keep]
     budget = W1_BUDGET if args.workload == "W1" else None
     print(
@@ -229,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"command: python benchmarks/quality.py --workload {args.workload} --seeds {args.seeds}"
+        + (f" --rounds {args.rounds}" if args.rounds is not None else "")
         + (f" --only {args.only}" if args.only else "")
+        + (" --full" if args.full else "")
     )
     print(f"machine: {describe()}")
     pooled = [pooled_accuracy(workload, s)[-1] for s in seeds]
