@@ -10,6 +10,10 @@ real encoders) and the final consensus distance (1/n) Σ ‖x_i − x̄‖². Me
     python benchmarks/quality.py --workload W1 --seeds 0,1,2
     python benchmarks/quality.py --workload W1 --seeds 0,1,2 --only efavg,choco
     python benchmarks/quality.py --workload W2 --seeds 0 --json out.json
+    python benchmarks/quality.py --workload W1 --seeds 0 --full     # 201 candidates
+
+The default sweep is a curated subset of the full grid (the rows that decide something);
+``--full`` runs every combination.
 
 W1's target (issue 22): mean ≥ 0.95, minimum ≥ 0.93, ≤ 237,024 bytes uploaded in all over
 30 rounds.
@@ -22,6 +26,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -86,6 +91,29 @@ def candidates(workload: str) -> list[Candidate]:
             c("efavg", codec="sign", **HB),
             c("choco", "complete", "sign", **HB),
         ]
+    return out
+
+
+CODECS = ("identity", "sign", "topk:0.1", "topk:0.05", "topk:0.02", "randk:0.1")
+LOCALS = ({}, HB, QGM)
+
+
+def full_grid() -> list[Candidate]:
+    """Every algorithm × topology × codec × local momentum (``--full``; hours on 2 cores).
+
+    γ is 1 for lossless and sign, 0.6 for sparsifiers (CHOCO's replicas drift above it).
+    """
+    c = Candidate
+    out = [c("fedavg"), *(c("fedavg", **m) for m in LOCALS[1:])]
+    for codec in CODECS:
+        gamma = 1.0 if codec in ("identity", "sign") else 0.6
+        for m in LOCALS:
+            out.append(c("efavg", codec=codec, **m))
+            out += [c("epidemic", codec=codec, peers=s, **m) for s in (1, 2)]
+            for topology in ("ring", "exponential", "complete"):
+                out += [c(algo, topology, codec, gamma, **m) for algo in ("choco", "tracking")]
+                if topology != "complete":
+                    out.append(c("pga", topology, codec, gamma, period=4, **m))
     return out
 
 
@@ -166,6 +194,17 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="algorithms to keep, comma-separated (fedavg, choco, efavg, pga, epidemic, tracking)",
     )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the whole algorithm × topology × codec × momentum grid (slow)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="override the workload's rounds (W1 30, W2 60), for smoke runs",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     try:
@@ -176,11 +215,24 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds:
         print("error: --seeds is empty; give e.g. 0,1,2", file=sys.stderr)
         return 2
+    if args.rounds is not None and args.rounds < 1:
+        print(f"error: --rounds must be >= 1 (got {args.rounds})", file=sys.stderr)
+        return 2
+    keep = {s.strip() for s in args.only.split(",") if s.strip()}
+    known = {"fedavg", "choco", "efavg", "pga", "epidemic", "tracking"}
+    if not keep <= known:
+        print(
+            f"error: --only {', '.join(sorted(keep - known))} is not an algorithm; "
+            f"use some of {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
     torch.set_num_threads(1)
     workload = load_workload(args.workload)
-    sweep = candidates(args.workload)
-    if args.only:
-        keep = {s.strip() for s in args.only.split(",")}
+    if args.rounds is not None:
+        workload = replace(workload, rounds=args.rounds)
+    sweep = full_grid() if args.full else candidates(args.workload)
+    if keep:
         sweep = [c for c in sweep if c.algorithm in keep]
     budget = W1_BUDGET if args.workload == "W1" else None
     print(
@@ -189,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"command: python benchmarks/quality.py --workload {args.workload} --seeds {args.seeds}"
+        + (f" --rounds {args.rounds}" if args.rounds is not None else "")
         + (f" --only {args.only}" if args.only else "")
+        + (" --full" if args.full else "")
     )
     print(f"machine: {describe()}")
     pooled = [pooled_accuracy(workload, s)[-1] for s in seeds]

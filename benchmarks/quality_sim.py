@@ -4,8 +4,8 @@ Devices train torch models in one process with the batch order of
 :class:`edge_agent.trainer.Trainer` (``torch.randperm`` from a per-device generator
 seeded ``model_seed + 1 + i``, minibatches of ``batch_size`` in that order, one epoch a
 round), so a plain-SGD device here takes the same steps as an agent. The local step is
-the kernel's (plain SGD, :class:`meshfl.aggregation.LocalMomentum` or
-:class:`meshfl.aggregation.QuasiGlobalMomentum`), applied in place on numpy views of
+the kernel's (plain SGD, :class:`meshfl.aggregation.momentum.LocalMomentum` or
+:class:`meshfl.aggregation.momentum.QuasiGlobalMomentum`), applied in place on numpy views of
 the torch parameters.
 
 Bytes are counted as an agent uploads them: every message is a real

@@ -27,7 +27,7 @@ exactly once), so copies agree again up to float32 rounding; a device that misse
 message for good (a gap) takes a peer's z as a keyframe (:meth:`incoming_keyframe`).
 
 Combines with: any codec (biased ones need the residual, which is here); update
-momentum (:class:`~meshfl.aggregation.UpdateMomentum`, identical on every device) and
+momentum (:class:`~meshfl.aggregation.momentum.UpdateMomentum`, identical on every device) and
 local momentum; secure aggregation (the round's Σ_j a_j D(q_j) is a sum over all
 devices — the secure sum of the decoded updates reveals only that). Not asynchronous
 rounds: z agrees only when every device applies every update.
