@@ -124,6 +124,8 @@ def check_start(
         job's σ) exceeds ``dp_epsilon_budget``.
 
     """
+    if options.dp:
+        privacy.load_accountant()  # not under the lock: the first import takes seconds
     lock_devices(session, degrees)
     taken = sorted(store.busy_device_ids(session) & set(degrees))
     if taken:
@@ -186,6 +188,7 @@ def record_spend(
             " per round (1, or one per neighbour under secure aggregation)"
         )
     key = (job.id, device.id, body["round"])
+    privacy.load_accountant()  # not under the lock: the first import takes seconds
     lock_devices(session, [device.id])  # check and spend: one step (module docstring)
     stored = _row(session, *key)
     again = stored is not None and bool(body.get("new_run", False))

@@ -33,10 +33,19 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["SENSITIVITY", "epsilon", "sampled_gaussian_epsilon"]
+__all__ = ["SENSITIVITY", "epsilon", "load_accountant", "sampled_gaussian_epsilon"]
 
 SENSITIVITY = 2.0
 """L2 sensitivity of one release in units of the clipping norm C (replacement adjacency)."""
+
+
+def load_accountant() -> None:
+    """Import ``dp_accounting`` (and scipy) now: seconds on a busy machine, the first time.
+
+    :mod:`coordinator.budget` calls it before it takes a device's lock, so that no lock
+    is ever held across that import.
+    """
+    import dp_accounting  # noqa: F401
 
 
 def _accountant() -> Any:

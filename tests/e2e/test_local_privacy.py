@@ -35,6 +35,10 @@ def test_secure_aggregation_with_distributed_dp_runs_and_accounts_epsilon(
     spent = [d["epsilon_spent"] for d in report["devices"]]
     assert all(s is not None and 5 < s < 200 for s in spent), spent
     assert report["config"]["secure_aggregation"] == 2
+    # A private job publishes no model and reports no sketch (issue 23 item 3).
+    assert report["onnx"]["consensus"]["error"].startswith("not built: in a private job")
+    assert report["artifacts"].get("consensus") is None or not report["artifacts"]["devices"]
+    assert not (out / "consensus.onnx").exists()
     logs = "".join(p.read_text() for p in (out / "logs").glob("device-*.log"))
     assert "secure aggregation: threshold 2" in logs
     assert "could not unmask" not in logs and "aborted" not in logs

@@ -54,6 +54,7 @@ def test_a_device_stops_before_its_privacy_budget_is_crossed(tmp_path: Path) -> 
             rounds=5, codec="identity", dp_noise_multiplier=1.0, dp_clip=1.0,
             round_deadline_s=10.0,
         )  # fmt: skip
+        clients[i].current = assignment  # what the reporter's polls read: still running
         try:
             runner = JobRunner(
                 _config(tmp_path, files[i], DEVICES[i]),
