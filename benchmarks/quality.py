@@ -147,6 +147,7 @@ def summarize(label: str, runs: list[Run]) -> dict[str, object]:
         "upload_total": _median([r.upload[-1] for r in runs]),
         "consensus": _median([r.consensus[-1] for r in runs]),
         "keyframes": [r.keyframes for r in runs],
+        "diverged_at": [r.diverged_at for r in runs],
     }
     for t in TARGETS:
         hits = [reached(r, t) for r in runs]
@@ -156,8 +157,11 @@ def summarize(label: str, runs: list[Run]) -> dict[str, object]:
 
 
 def print_row(row: dict[str, object], budget: int | None) -> None:
-    """One table row (markdown)."""
+    """One table row (markdown); a run whose models went to NaN counts as accuracy 0."""
     meets = ""
+    diverged = [r for r in row["diverged_at"] if r is not None]  # type: ignore[attr-defined]
+    if diverged:
+        row = {**row, "label": f"{row['label']} (diverged at round {min(diverged)})"}
     if budget is not None and row["upload_total"] is not None:
         ok = (
             (row["final_mean"] or 0) >= 0.95

@@ -22,6 +22,7 @@ from meshfl.aggregation.momentum import LocalMomentum, QuasiGlobalMomentum, Upda
 from meshfl.aggregation.pga import pga_row
 from meshfl.aggregation.tracking import GradientTracking
 from meshfl.codecs import parse_codec
+from meshfl.errors import CodecError
 from meshfl.topology import build_graph, metropolis_hastings
 
 __all__ = ["Candidate", "Run", "run_candidate"]
@@ -91,6 +92,7 @@ class Run:
     upload: list[int] = field(default_factory=list)
     consensus: list[float] = field(default_factory=list)
     keyframes: int = 0
+    diverged_at: int | None = None
 
 
 def _consensus(models: list[dict[str, np.ndarray]]) -> float:
@@ -176,7 +178,16 @@ def run_candidate(c: Candidate, w: Workload, seed: int) -> Run:
                 opt.begin_round(s)
             steps.append(d.epoch(w.lr, opt.step if opt is not None else _sgd))
         xs = [d.params() for d in devices]
-        mixed, sent = _communicate(c, w, algos, xs, starts, ids, round_, seed)
+        try:
+            mixed, sent = _communicate(c, w, algos, xs, starts, ids, round_, seed)
+        except CodecError:  # a model went to NaN/inf: the run diverged, its models are lost
+            run.diverged_at = round_
+            for _ in range(round_, w.rounds + 1):
+                run.mean.append(0.0)
+                run.minimum.append(0.0)
+                run.upload.append(total)
+                run.consensus.append(float("inf"))
+            break
         total += sent
         for i, d in enumerate(devices):
             x = mixed[i]
