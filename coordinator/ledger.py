@@ -176,7 +176,8 @@ def derive(metrics: Sequence[RoundMetric], sent: int) -> LedgerDerived | None:
         for sender, counts in sorted(m.metrics["ledger"]["peers"].items()):
             used = max((q for r, q in sequences.get(sender, ()) if r <= m.round), default=0)
             part = {k: int(counts.get(k, 0)) for k in OUTCOMES[:-1]}
-            part["unaccounted"] = max(0, used - int(counts.get("high", 0)))
+            tracked = int(counts.get("tracked", 1))  # a former peer's later numbers: not R's
+            part["unaccounted"] = max(0, used - int(counts.get("high", 0))) if tracked else 0
             addressed = int(counts.get("heard", 0)) + part["unaccounted"]
             pairs.append(
                 cast(

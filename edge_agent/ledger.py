@@ -220,6 +220,7 @@ class DeliveryLedger:
         self._unrepaired: dict[str, _Gaps] = {}
         self._applied: dict[str, set[int]] = {}
         self._peer: dict[str, PeerCounts] = {}
+        self._last_high: dict[str, int] = {}  # highest heard of, kept after untrack
         self._base = dict.fromkeys(_ENGINE_FIELDS, 0)  # engine counts of earlier processes
 
     def _of(self, peer: str) -> PeerCounts:
@@ -268,6 +269,7 @@ class DeliveryLedger:
             self.counts.missing += sequence - lo
             gaps.add_range(lo, sequence - 1)
         self._high[sender] = max(high, sequence)
+        self._last_high[sender] = max(self._last_high.get(sender, 0), sequence)
 
     def unusable(self, sender: str, sequence: int) -> None:
         """``(sender, sequence)`` arrived but awaits its sender's keyframe to be of use."""
@@ -299,15 +301,17 @@ class DeliveryLedger:
     def peer_counts(self) -> dict[str, dict[str, int]]:
         """What became of each sender's sequence numbers here so far (cumulative).
 
-        Per sender: ``high`` (the highest heard of), ``heard``, ``applied``,
-        ``recovered``, ``lost``, ``unrepaired`` and ``discarded`` (module docstring).
+        Per sender: ``high`` (the highest heard of), ``tracked`` (1: still a peer; 0:
+        a former one, whose later numbers were not for this device), ``heard``,
+        ``applied``, ``recovered``, ``lost``, ``unrepaired`` and ``discarded``.
         """
         out: dict[str, dict[str, int]] = {}
         for peer in sorted(set(self._peer) | set(self._high)):
             p = self._of(peer)
             pending = len(self._unrepaired.get(peer, ()))
             out[peer] = {
-                "high": self._high.get(peer, 0),
+                "high": self._last_high.get(peer, 0),
+                "tracked": int(peer in self._floor),
                 "heard": p.heard,
                 "applied": p.applied,
                 "recovered": p.recovered,
@@ -327,6 +331,7 @@ class DeliveryLedger:
             "unrepaired": {p: [list(r) for r in g._ranges] for p, g in self._unrepaired.items()},
             "applied": {p: to_ranges(s) for p, s in self._applied.items()},
             "peers": {p: [c.heard, c.applied, c.recovered, c.lost] for p, c in self._peer.items()},
+            "last_high": dict(self._last_high),
         }
 
     def restore(self, state: Mapping[str, object]) -> None:
@@ -379,6 +384,11 @@ class DeliveryLedger:
         self._unrepaired = pending
         self._applied = done
         self._peer = per
+        last_high = state.get("last_high") or {}
+        if isinstance(last_high, dict):
+            self._last_high = {str(p): int(v) for p, v in last_high.items() if _is_int(v)}
+        for peer, value in self._high.items():
+            self._last_high[peer] = max(self._last_high.get(peer, 0), value)
 
     def forgotten(self, sender: str, sequences: Collection[int]) -> None:
         """``sender``'s ``sequences`` arrived but were held unapplied by a process now gone.

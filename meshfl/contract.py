@@ -609,6 +609,8 @@ class PeerLedger(TypedDict):
 
     high: int
     heard: int
+    # 1: still the receiver's peer; 0: a former one (its later numbers were not for it)
+    tracked: NotRequired[int]
     applied: int
     recovered: int
     lost: int

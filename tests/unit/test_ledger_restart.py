@@ -147,3 +147,16 @@ def test_a_receiver_killed_before_its_report_accounts_for_every_message_exactly(
     assert after_crash["recovered"] >= 1  # the round-3 message it had applied, then lost
     assert sum(r["applied_twice"] for rs in reports.values() for r in rs) == 0
     assert np.isfinite(x["w"]).all()
+
+
+def test_a_former_peer_keeps_what_was_heard_of_it_and_is_marked_untracked() -> None:
+    # A topology change (a device taken out) untracks a peer: its later numbers were not
+    # for this device, so the coordinator must not count them unaccounted.
+    ledger = DeliveryLedger(["s"])
+    for sequence in (1, 2, 3):
+        ledger.arrived("s", sequence)
+        ledger.applied("s", sequence, full_state=False)
+    ledger.untrack(["s"])
+    counts = ledger.peer_counts()["s"]
+    assert (counts["high"], counts["heard"], counts["tracked"]) == (3, 3, 0)
+    assert counts["heard"] == sum(counts[k] for k in OUTCOMES)
