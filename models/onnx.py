@@ -268,11 +268,12 @@ def export_checked(
     child forked for the purpose, which writes the file, sends back the parity as one
     JSON line and exits, so the caller keeps none of that memory and imports neither
     onnxruntime nor its threads. The child is single-threaded, shares the model's pages
-    copy-on-write and runs no torch operation in parallel: the caller forks only when
-    torch runs one intra-op thread (``torch.get_num_threads() == 1``, the agent's
-    default) and holds the export lock while forking, so no other thread is mid-export.
-    Otherwise, or where ``fork`` is missing or the child dies without an answer, the
-    export runs in this process.
+    copy-on-write and runs no torch operation in parallel: the caller forks only from the
+    main thread (an agent of ``meshfl agent run``; the agents of ``meshfl agent fleet``
+    are threads that may be training while another exports, so they export in-process),
+    when torch runs one intra-op thread (``torch.get_num_threads() == 1``, the agent's
+    default), and holds the export lock while forking. Otherwise, or where ``fork`` is
+    missing or the child dies without an answer, the export runs in this process.
 
     Parameters
     ----------
@@ -297,7 +298,8 @@ def export_checked(
 
     """
     check = x is not None and len(x) > 0
-    if not isolate or not hasattr(os, "fork") or torch.get_num_threads() != 1:
+    alone = threading.current_thread() is threading.main_thread()  # not a fleet's agent
+    if not (isolate and alone and hasattr(os, "fork")) or torch.get_num_threads() != 1:
         export_onnx(module, path, input_dim)
         return parity(module, path, x) if check and x is not None else None
     if isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1:

@@ -69,8 +69,22 @@ def load_command(name: str) -> Command:
     return _LOADED[name]
 
 
+class _LazyCommands(dict[str, "Command"]):
+    """The root group's ``commands``: ``commands[name]`` builds a sub-command on first use."""
+
+    def __missing__(self, name: str) -> Command:
+        if name not in COMMANDS:
+            raise KeyError(name)
+        command = self[name] = load_command(name)
+        return command
+
+
 class _LazyGroup(TyperGroup):
     """The root group: lists :data:`COMMANDS`, builds one only when it is asked for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(self.commands)
 
     def list_commands(self, ctx: Context) -> list[str]:
         return list(COMMANDS)

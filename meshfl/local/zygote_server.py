@@ -211,8 +211,9 @@ def first_draws() -> dict[str, float]:
 def main(argv: list[str]) -> int:
     """``python -m meshfl.local.zygote SOCKET``: serve; in a child, run its command."""
     request = serve(argv[0])
-    if request is None:
-        return 0
+    if request is None:  # told to stop: nothing to finalise, and torch's teardown is slow
+        sys.stdout.flush()
+        os._exit(0)
     _become(request)
     if request.call is not None:
         return _run_call(request)

@@ -67,3 +67,35 @@ def test_an_error_in_the_child_is_raised_in_the_caller(tmp_path: Path) -> None:
             export_checked(model, tmp_path / "m.onnx", 64, np.zeros((3, 5), np.float32))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_an_agent_thread_of_a_fleet_exports_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import threading
+
+    def no_fork() -> int:
+        raise AssertionError("a fleet's agent thread must not fork")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    model = build_model(SPEC, 0)
+    x = np.random.default_rng(2).random((10, 64)).astype(np.float32)
+    result: dict[str, object] = {}
+
+    def export() -> None:
+        try:
+            result["diff"] = export_checked(model, tmp_path / "t.onnx", 64, x)
+        except AssertionError as error:
+            result["error"] = str(error)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker = threading.Thread(target=export)
+        worker.start()
+        worker.join(120)
+    finally:
+        torch.set_num_threads(threads)
+    assert "error" not in result and (tmp_path / "t.onnx").is_file()
+    assert isinstance(result["diff"], float) and result["diff"] <= PARITY_TOLERANCE
