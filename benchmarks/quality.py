@@ -61,6 +61,7 @@ def candidates(workload: str) -> list[Candidate]:
         ]
     out += [
         c("choco", "complete", "sign", **QGM),
+        c("choco", "ring", "sign", 0.8),
         c("choco", "ring", "sign", 0.8, **HB),
         c("choco", "ring", "sign", 0.8, **QGM),
         c("choco", "exponential", "sign", 1.0, **HB),
@@ -75,15 +76,15 @@ def candidates(workload: str) -> list[Candidate]:
         c("efavg", codec="sign", weights="samples", **HB),
         c("efavg", codec="sign", local="hb", local_beta=0.8),
         c("efavg", codec="sign", local="hb", local_beta=0.7, update_beta=0.5),
+        c("choco", "complete", "sign", keyframe_growth=1.5, **HB),
+        c("choco", "exponential", "sign", keyframe_growth=1.5, **HB),
+        c("choco", "ring", "sign", 0.8, keyframe_growth=1.5, **HB),
     ]
     if workload == "W2":  # 16 devices, 60 rounds: the informative rows only
         out = [
-            c("fedavg"),
             c("fedavg", **HB),
-            c("choco", "ring", "identity"),
             c("efavg", codec="sign", **HB),
             c("choco", "complete", "sign", **HB),
-            c("choco", "ring", "sign", 0.8, **HB),
         ]
     return out
 
@@ -117,6 +118,7 @@ def summarize(label: str, runs: list[Run]) -> dict[str, object]:
         "per_seed_min": [round(r.minimum[-1], 4) for r in runs],
         "upload_total": _median([r.upload[-1] for r in runs]),
         "consensus": _median([r.consensus[-1] for r in runs]),
+        "keyframes": [r.keyframes for r in runs],
     }
     for t in TARGETS:
         hits = [reached(r, t) for r in runs]

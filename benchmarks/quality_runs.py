@@ -52,6 +52,7 @@ class Candidate:
     peers: int = 2
     period: int = 4
     weights: str = "mh"
+    keyframe_growth: float = 0.0
 
     @property
     def label(self) -> str:
@@ -76,6 +77,8 @@ class Candidate:
             )
         if self.weights != "mh":
             parts.append(self.weights)
+        if self.keyframe_growth:
+            parts.append(f"keyframes {self.keyframe_growth:g}")
         return " ".join(parts)
 
 
@@ -87,6 +90,7 @@ class Run:
     minimum: list[float] = field(default_factory=list)
     upload: list[int] = field(default_factory=list)
     consensus: list[float] = field(default_factory=list)
+    keyframes: int = 0
 
 
 def _consensus(models: list[dict[str, np.ndarray]]) -> float:
@@ -140,7 +144,15 @@ def run_candidate(c: Candidate, w: Workload, seed: int) -> Run:
             )
             row = {ids[j]: float(matrix[i, j]) for j in nbrs}
             algos.append(
-                ChocoGossip(x0, row, float(matrix[i, i]), c.gamma, codec, shared_start=True)
+                ChocoGossip(
+                    x0,
+                    row,
+                    float(matrix[i, i]),
+                    c.gamma,
+                    codec,
+                    shared_start=True,
+                    keyframe_growth=c.keyframe_growth,
+                )
             )
         elif c.algorithm == "efavg":
             sizes = np.array([len(p) for p in w.parts], dtype=np.float64)
@@ -178,6 +190,7 @@ def run_candidate(c: Candidate, w: Workload, seed: int) -> Run:
         run.minimum.append(float(np.min(acc)))
         run.upload.append(total)
         run.consensus.append(_consensus([d.params() for d in devices]))
+    run.keyframes = sum(int(getattr(a, "keyframes_sent", 0)) for a in algos)
     return run
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # 7 short W1 runs: ~18 s of CPU, more on a loaded machine
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 ROUNDS = 12
 
