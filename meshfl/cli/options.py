@@ -28,6 +28,10 @@ DenseBelow = Annotated[
 ByteBudget = Annotated[
     int, typer.Option(help="Payload bytes per message; sets top-k/random-k density (0: off).")
 ]
+LocalMomentum = Annotated[
+    float,
+    typer.Option(help="Heavy-ball momentum β in [0, 1) of the local SGD, kept across rounds."),
+]
 Rounds = Annotated[int, typer.Option(help="Gossip rounds.")]
 LearningRate = Annotated[float, typer.Option(help="SGD learning rate.")]
 BatchSize = Annotated[int, typer.Option(help="Minibatch size.")]

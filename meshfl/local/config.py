@@ -54,6 +54,7 @@ class LocalConfig:
     dense_below: int = 0
     byte_budget: int = 0
     learning_rate: float = 0.1
+    local_momentum: float = 0.0
     batch_size: int = 32
     local_epochs: int = 1
     round_deadline_s: float = 30.0

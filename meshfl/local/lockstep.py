@@ -90,7 +90,8 @@ def run_lockstep(
         ``consensus_step`` (γ), ``keyframe_growth``, ``dense_below``, ``byte_budget``
         (the per-tensor :class:`meshfl.codecs.CodecPolicy`, as the agents build it) and
         ``topology`` the gossip;
-        ``learning_rate``, ``batch_size``, ``local_epochs`` and ``rounds`` the training.
+        ``learning_rate``, ``local_momentum``, ``batch_size``, ``local_epochs`` and
+        ``rounds`` the training.
     model_seed : int, optional
         Overrides the model and shuffling seed (and the codecs' random seeds) while
         keeping the data partition of ``config.seed`` (to measure the spread over
@@ -146,6 +147,7 @@ def run_lockstep(
             learning_rate=config.learning_rate,
             batch_size=config.batch_size,
             local_epochs=config.local_epochs,
+            momentum=config.local_momentum,
         )
         for i in range(n)
     ]

@@ -554,6 +554,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "topology": config.topology,  # replaced below
         "rounds": config.rounds,
         "learning_rate": config.learning_rate,
+        "local_momentum": config.local_momentum,
         "batch_size": config.batch_size,
         "local_epochs": config.local_epochs,
         "consensus_step": config.consensus_step,
