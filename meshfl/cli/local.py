@@ -107,6 +107,10 @@ def local(
     ] = DEFAULTS.in_process,
     label_column: Annotated[str, typer.Option(help="Label column of a CSV dataset.")] = "label",
     seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = 0,
+    model_seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the model and the shuffles only (default: --seed)."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("meshfl-run"),
     degree: TopologyDegree = DEFAULTS.topology_degree,
     probability: TopologyProbability = DEFAULTS.topology_probability,
@@ -230,6 +234,7 @@ def local(
         round_deadline_s=deadline,
         broker=broker,
         seed=seed,
+        model_seed=model_seed,
         out=out,
         label_column=label_column,
         topology_degree=degree,

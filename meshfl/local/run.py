@@ -560,7 +560,7 @@ def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
         "consensus_step": config.consensus_step,
         "round_deadline_s": config.round_deadline_s,
         "max_payload_bytes": config.max_payload_bytes,
-        "seed": config.seed,
+        "seed": config.seed if config.model_seed is None else config.model_seed,
         "devices": config.agents,
         "test_data": str(test_file.resolve()),
         "sketch_dim": config.sketch_dim,

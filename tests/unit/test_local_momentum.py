@@ -16,7 +16,7 @@ from edge_agent.checkpoint import Checkpoint, CheckpointStore, spec_digest
 from edge_agent.trainer import Trainer
 from meshfl.aggregation.momentum import heavy_ball_step
 from meshfl.errors import ConfigError
-from meshfl.local.config import LocalConfig
+from meshfl.local.config import DEFAULTS, LocalConfig
 from meshfl.local.lockstep import run_lockstep
 
 W1 = {"name": "mlp", "input_dim": 64, "num_classes": 10, "hidden": [64]}
@@ -175,8 +175,13 @@ def test_meshfl_local_refuses_a_bad_momentum_before_anything_starts(tmp_path: Pa
     assert not (tmp_path / "run").exists()
 
 
+def test_meshfl_local_defaults_are_choco_sign_complete_with_momentum() -> None:
+    assert (DEFAULTS.algorithm, DEFAULTS.codec, DEFAULTS.topology) == ("choco", "sign", "complete")
+    assert (DEFAULTS.consensus_step, DEFAULTS.local_momentum) == (1.0, 0.9)
+
+
 def test_lockstep_runs_the_momentum_and_it_learns_faster() -> None:
-    config = LocalConfig(agents=4, rounds=4, local_momentum=0.9)
+    config = LocalConfig(agents=4, rounds=4)
     with_momentum = run_lockstep(config)
     plain = run_lockstep(dataclasses.replace(config, local_momentum=0.0))
     assert with_momentum.final > plain.final + 0.05
