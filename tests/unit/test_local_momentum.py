@@ -185,3 +185,39 @@ def test_lockstep_runs_the_momentum_and_it_learns_faster() -> None:
     with_momentum = run_lockstep(config)
     plain = run_lockstep(dataclasses.replace(config, local_momentum=0.0))
     assert with_momentum.final > plain.final + 0.05
+
+
+def test_a_secure_job_swaps_the_default_sign_codec_for_int8_and_says_why() -> None:
+    from meshfl.cli.options import privacy_defaults
+
+    codec, growth, note = privacy_defaults(True, False, DEFAULTS.codec, DEFAULTS.keyframe_growth)
+    assert (codec, growth) == ("int8", 0.0)
+    assert note.startswith("secure aggregation: codec int8 (sign cannot be masked)")
+
+
+def test_job_start_sends_the_momentum_in_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from meshfl.cli import job as job_cli
+
+    sent: list[dict[str, object]] = []
+
+    class FakeClient:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def create_job(self, spec: dict[str, object]) -> dict[str, object]:
+            sent.append(spec)
+            return {"job_id": "job-1"}
+
+        def start_job(self, job_id: str) -> dict[str, object]:
+            return {"job_id": job_id, "devices": ["a"]}
+
+    monkeypatch.setattr(job_cli, "AdminClient", FakeClient)
+    runner = CliRunner()
+    base = ["start", "--coordinator", "http://127.0.0.1:1", "--admin-token", "t", "--no-follow"]
+    assert runner.invoke(job_cli.job_app, base).exit_code == 0
+    result = runner.invoke(job_cli.job_app, [*base, "--local-momentum", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert [s["local_momentum"] for s in sent] == [0.9, 0.5]  # default: meshfl local's
+    assert (sent[0]["codec"], sent[0]["topology"]) == ("sign", "complete")
