@@ -221,3 +221,40 @@ def test_job_start_sends_the_momentum_in_the_spec(monkeypatch: pytest.MonkeyPatc
     assert result.exit_code == 0, result.output
     assert [s["local_momentum"] for s in sent] == [0.9, 0.5]  # default: meshfl local's
     assert (sent[0]["codec"], sent[0]["topology"]) == ("sign", "complete")
+
+
+def test_the_resumer_saves_the_momentum_and_a_resumed_trainer_continues_the_trajectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from edge_agent import resume as resume_module
+    from edge_agent.resume import Resumer
+    from edge_agent.versions import TopologyVersion
+    from meshfl.aggregation import DPSGDGossip
+
+    monkeypatch.setattr(resume_module, "delivery_state", lambda engine: {})
+    monkeypatch.setattr(resume_module, "restore_delivery", lambda engine, state: None)
+    x, y = _data(40)
+    running = _trainer(0.9)
+    running.train(x, y)
+    engine = SimpleNamespace(
+        algorithm=DPSGDGossip(running.params(), {"b": 0.5}, 0.5), sequence=1,
+        ledger=SimpleNamespace(counts=SimpleNamespace(sent=1)),
+        request_keyframes=lambda peers: None,
+    )  # fmt: skip
+    spec = {"rounds": 5, "round_deadline_s": 1.0, "model": W1, "seed": 0, "local_momentum": 0.9}
+    topo = TopologyVersion(1, 1, "ring", "metropolis-hastings", ("a", "b"), 0, {"b": 0.5}, 0.5)
+    Resumer(tmp_path, "a", "job-1", spec).save(engine, running, 1, None)  # type: ignore[arg-type]
+
+    resumed = _trainer(0.9)
+    resumer = Resumer(tmp_path, "a", "job-1", spec)  # type: ignore[arg-type]
+    assert resumer.load(resumed, topo) is not None
+    resumer.restore(engine, resumed, topo)  # type: ignore[arg-type]
+    running.train(x, y)
+    resumed.train(x, y)
+
+    for name, value in running.params().items():
+        np.testing.assert_array_equal(resumed.params()[name], value)
+    for name, value in running.momentum_state().items():
+        np.testing.assert_array_equal(resumed.momentum_state()[name], value)
