@@ -38,11 +38,15 @@ SWEEP = [
     ("dpsgd", "identity", 1.0, "exponential"),
     *[("choco", f"topk:{d}", g, "exponential") for d in (0.1, 0.15) for g in (0.5, 0.9)],
 ]
+PLAIN = ["--local-momentum", "0"]  # the baselines and the former default: plain SGD
 FLEET = [
-    ("default (choco topk:0.15 γ 0.9, ring)", []),
-    ("dpsgd identity ring", ["--algorithm", "dpsgd", "--codec", "identity"]),
+    ("default (choco sign γ 1, complete, local momentum 0.9)", []),
+    ("former default (choco topk:0.15 γ 0.9, ring)",
+     ["--codec", "topk:0.15", "--consensus-step", "0.9", "--topology", "ring", *PLAIN]),
+    ("dpsgd identity ring",
+     ["--algorithm", "dpsgd", "--codec", "identity", "--topology", "ring", *PLAIN]),
     ("dpsgd identity exponential",
-     ["--algorithm", "dpsgd", "--codec", "identity", "--topology", "exponential"]),
+     ["--algorithm", "dpsgd", "--codec", "identity", "--topology", "exponential", *PLAIN]),
 ]  # fmt: skip
 
 
@@ -51,7 +55,7 @@ def sweep(seeds: list[int]) -> None:
     print("algorithm codec γ topology | mean final acc | last-3 mean | payload B/round/device")
     for algorithm, codec, gamma, topology in SWEEP:
         config = replace(DEFAULTS, algorithm=algorithm, codec=codec, consensus_step=gamma,
-                         topology=topology)  # fmt: skip
+                         topology=topology, local_momentum=0.0)  # fmt: skip
         runs = [run_lockstep(config, model_seed=s) for s in seeds]
         final = statistics.mean(r.final for r in runs)
         last3 = statistics.mean(statistics.mean(r.mean_accuracy[-3:]) for r in runs)

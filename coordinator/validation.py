@@ -125,6 +125,9 @@ def validate_spec(spec: JobSpec) -> None:
     growth = spec.get("keyframe_growth", 0.0)
     if isinstance(growth, bool) or not (math.isfinite(growth) and (growth == 0 or growth > 1)):
         raise ConfigError(f"spec.keyframe_growth = {growth!r} must be 0 (off) or a number > 1")
+    beta = spec.get("local_momentum", 0.0)
+    if isinstance(beta, bool) or not (math.isfinite(beta) and 0 <= beta < 1):
+        raise ConfigError(f"spec.local_momentum = {beta!r} must be a number in [0, 1) (0: off)")
     for field in ("dense_below", "byte_budget"):
         value = spec.get(field, 0)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31:

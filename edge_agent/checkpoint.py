@@ -5,8 +5,9 @@ one file per job, ``<out>/state/<name>/<job>.npz``, overwritten each round (temp
 file, fsync, ``os.replace``: :func:`meshfl.files.atomic_write`). It holds:
 
 - the round just completed and the sequence number of the last message published;
-- the model after that round's consensus step (float32, by tensor name) and the state
-  of the trainer's shuffling generator (plain SGD keeps no optimizer state);
+- the model after that round's consensus step (float32, by tensor name), the state
+  of the trainer's shuffling generator and, with local momentum, its heavy-ball buffers
+  (plain SGD keeps no optimizer state);
 - CHOCO's own public replica x̂_i (and its keyframe-trigger baseline): with differential
   privacy a keyframe *is* x̂_i, so it must survive the restart. The neighbours' replicas
   x̂_j are not saved: a resumed device asks every neighbour for a keyframe, which
@@ -20,7 +21,8 @@ file, fsync, ``os.replace``: :func:`meshfl.files.atomic_write`). It holds:
   round's report and the ledger's counts are never lost nor counted twice by a crash.
 
 Format: an uncompressed ``.npz`` (``np.load(allow_pickle=False)``, never pickle) whose
-``meta`` entry is UTF-8 JSON; arrays ``param:<name>``, ``own:<name>``, ``shuffle``. A
+``meta`` entry is UTF-8 JSON; arrays ``param:<name>``, ``own:<name>``,
+``momentum:<name>``, ``shuffle``. A
 file that is truncated, corrupted, of another format version, for another job spec or
 model, or whose arrays do not fit the model is ignored with one warning line, and the
 job starts as it would without one.
@@ -90,7 +92,8 @@ class Checkpoint:
 
     ``params`` and ``own_replica`` map tensor names to float32 arrays in model order;
     ``own_replica`` is None for D-PSGD. ``shuffle`` is the trainer's generator state
-    (1-D uint8). ``sequence`` is the engine's last published sequence number;
+    (1-D uint8); ``momentum`` its heavy-ball buffers by tensor name (None: no local
+    momentum). ``sequence`` is the engine's last published sequence number;
     ``epsilon`` the DP budget spent (None: not a DP job); ``written_at`` unix seconds.
     """
 
@@ -107,6 +110,7 @@ class Checkpoint:
     written_at: float = 0.0
     delivery: dict[str, Any] = field(default_factory=dict)
     reports: list[dict[str, Any]] = field(default_factory=list)
+    momentum: dict[str, np.ndarray] | None = None
 
     @property
     def first_sequence(self) -> int:
@@ -277,12 +281,15 @@ def _arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         "written_at": checkpoint.written_at or time.time(),
         "delivery": checkpoint.delivery,
         "reports": checkpoint.reports,
+        "momentum": checkpoint.momentum is not None,
     }
     arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
     for name, a in checkpoint.params.items():
         arrays[f"param:{name}"] = np.asarray(a, dtype=np.float32)
     for name, a in (checkpoint.own_replica or {}).items():
         arrays[f"own:{name}"] = np.asarray(a, dtype=np.float32)
+    for name, a in (checkpoint.momentum or {}).items():
+        arrays[f"momentum:{name}"] = np.asarray(a, dtype=np.float32)
     arrays["shuffle"] = np.asarray(checkpoint.shuffle, dtype=np.uint8)
     return arrays
 
@@ -299,6 +306,7 @@ def _read(path: Path) -> Checkpoint:
         params = {n: npz[f"param:{n}"] for n in names}
         own = {n: npz[f"own:{n}"] for n in names} if meta["own_replica"] else None
         shuffle = npz["shuffle"]
+        velocity = {n: npz[f"momentum:{n}"] for n in names} if meta.get("momentum") else None
     epsilon = meta.get("epsilon")
     delivery, reports = meta.get("delivery") or {}, meta.get("reports") or []
     if not isinstance(delivery, dict):
@@ -319,6 +327,7 @@ def _read(path: Path) -> Checkpoint:
         written_at=float(meta.get("written_at", 0.0)),
         delivery=delivery,
         reports=reports,
+        momentum=velocity,
     )
 
 
@@ -349,7 +358,11 @@ def _mismatch(
         return f"negative sequence number {checkpoint.sequence}"
     if checkpoint.shuffle.dtype != np.uint8 or checkpoint.shuffle.ndim != 1:
         return "the shuffle state is not a uint8 vector"
-    for what, tensors in (("model", checkpoint.params), ("replica", checkpoint.own_replica)):
+    for what, tensors in (
+        ("model", checkpoint.params),
+        ("replica", checkpoint.own_replica),
+        ("momentum", checkpoint.momentum),
+    ):
         if tensors is None:
             continue
         if list(tensors) != list(layout):

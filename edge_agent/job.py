@@ -156,6 +156,7 @@ class JobRunner:
             local_epochs=spec["local_epochs"],
             threads=self.config.threads,
             slowdown=self.config.slowdown,
+            momentum=spec.get("local_momentum", 0.0),
         )
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.

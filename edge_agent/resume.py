@@ -132,10 +132,10 @@ class Resumer:
     def restore(self, engine: GossipEngine, trainer: Trainer, topo: TopologyVersion) -> None:
         """Put :attr:`checkpoint`'s state back, before the engine starts (no-op without one).
 
-        The model, the shuffling generator and CHOCO's x̂_i; the replicas of every
-        neighbour are dropped and asked for again as keyframes (they went stale while
-        this device was down); the engine's first message is a keyframe (it was built
-        with the checkpoint's ``first_sequence``). ε is the caller's
+        The model, the shuffling generator, the momentum buffers and CHOCO's x̂_i; the
+        replicas of every neighbour are dropped and asked for again as keyframes (they
+        went stale while this device was down); the engine's first message is a keyframe
+        (it was built with the checkpoint's ``first_sequence``). ε is the caller's
         (``checkpoint.epsilon``).
         """
         checkpoint = self.checkpoint
@@ -143,6 +143,7 @@ class Resumer:
             return
         trainer.set_params(checkpoint.params)
         trainer.set_shuffle_state(checkpoint.shuffle)
+        trainer.set_momentum_state(checkpoint.momentum or {})
         restore_algorithm(engine.algorithm, checkpoint)
         self.reports = [cast(RoundMetrics, r) for r in checkpoint.reports]
         self.first_sequence = engine.sequence
@@ -251,6 +252,7 @@ class Resumer:
             written_at=time.time(),
             delivery=delivery_state(engine),
             reports=[dict(r) for r in self.reports],
+            momentum=trainer.momentum_state() or None,
         )
         try:
             seconds = self.store.save(checkpoint)

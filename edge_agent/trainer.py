@@ -1,7 +1,8 @@
 """Local training of the job's model: the only module of ``edge_agent`` that imports torch.
 
-Plain minibatch SGD (W1: learning rate 0.1, batch 32, one local epoch per round), with the
-shuffling drawn from a per-device ``torch.Generator`` so a run is reproducible.
+Minibatch SGD (W1: learning rate 0.1, batch 32, one local epoch per round), optionally
+with heavy-ball momentum kept across rounds, with the shuffling drawn from a per-device
+``torch.Generator`` so a run is reproducible.
 
 For tests and benchmarks a trainer can play a slower device honestly: with ``slowdown``
 s > 1 it sleeps (s − 1)·t after every optimizer step that took t seconds, so its training
@@ -28,7 +29,7 @@ from models.arrays import load_arrays, spec_hash, to_arrays
 from models.data import check_model_fit
 from models.zoo import build_model
 
-__all__ = ["TrainResult", "Trainer", "accelerator_name"]
+__all__ = ["TrainResult", "Trainer", "accelerator_name", "check_momentum"]
 
 _EVAL_CHUNK = 4096  # samples per forward pass in evaluate()
 
@@ -63,6 +64,14 @@ def _check_slowdown(slowdown: float) -> float:
     return float(slowdown)
 
 
+def check_momentum(momentum: float) -> float:
+    """Return ``momentum`` as a float; ConfigError unless it is a number in [0, 1)."""
+    ok = not isinstance(momentum, bool) and isinstance(momentum, (int, float))
+    if not (ok and math.isfinite(momentum) and 0 <= momentum < 1):
+        raise ConfigError(f"local momentum must be a number in [0, 1) (got {momentum!r})")
+    return float(momentum)
+
+
 def _positive(name: str, value: float, integer: bool) -> None:
     bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
     if bad_type or (integer and not isinstance(value, int)) or not value > 0:
@@ -70,7 +79,7 @@ def _positive(name: str, value: float, integer: bool) -> None:
 
 
 class Trainer:
-    """The job's model on this device, trained with plain SGD on the CPU.
+    """The job's model on this device, trained with SGD (heavy ball optional) on the CPU.
 
     Parameters
     ----------
@@ -79,7 +88,7 @@ class Trainer:
     seed : int
         Initialisation seed: every device with the same spec and seed starts identical.
     learning_rate : float
-        SGD step size (> 0), no momentum, no weight decay.
+        SGD step size η (> 0), no weight decay.
     batch_size : int
         Samples per minibatch (≥ 1); the last minibatch of an epoch may be smaller.
     local_epochs : int
@@ -93,12 +102,18 @@ class Trainer:
         Play a device this many times slower (≥ 1): after each optimizer step that took
         t seconds (forward, backward, update), sleep (slowdown − 1)·t seconds. It applies
         to :meth:`train` and :meth:`measure_throughput` alike. For tests and benchmarks.
+    momentum : float, default 0.0
+        Local heavy-ball momentum β in [0, 1) (Polyak 1964), ``torch.optim.SGD``'s
+        (dampening 0, not Nesterov): ``v ← β v + g``, ``x ← x − η v``, with ``v ← g`` at
+        the first step. The buffer v lives as long as the trainer — across rounds and
+        across the gossip's :meth:`set_params` — and is saved and restored by the
+        agent's checkpoint (:meth:`momentum_state`). 0: plain SGD.
 
     Raises
     ------
     ConfigError
-        A non-positive hyper-parameter, a slowdown below 1 or not finite, or a bad model
-        spec.
+        A non-positive hyper-parameter, a slowdown below 1 or not finite, a momentum
+        outside [0, 1), or a bad model spec.
 
     """
 
@@ -113,8 +128,10 @@ class Trainer:
         threads: int = 1,
         data_seed: int | None = None,
         slowdown: float = 1.0,
+        momentum: float = 0.0,
     ) -> None:
         self.slowdown = _check_slowdown(slowdown)
+        self.momentum = check_momentum(momentum)
         _positive("learning rate", learning_rate, integer=False)
         _positive("batch size", batch_size, integer=True)
         _positive("local epochs", local_epochs, integer=True)
@@ -127,6 +144,11 @@ class Trainer:
         self._model = build_model(spec, seed)
         self._generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
         self._loss = nn.CrossEntropyLoss()
+        self._optimizer = (
+            torch.optim.SGD(self._model.parameters(), lr=self.learning_rate,
+                            momentum=self.momentum)
+            if self.momentum > 0 else None
+        )  # fmt: skip
 
     @property
     def spec_hash(self) -> str:
@@ -161,6 +183,47 @@ class Trainer:
         except RuntimeError as exc:
             raise ConfigError(f"not a shuffle state of this trainer ({exc})") from None
 
+    def momentum_state(self) -> dict[str, np.ndarray]:
+        """Copies of the heavy-ball buffers v, float32, keyed by parameter name.
+
+        Empty with ``momentum`` 0 or before the first step. With
+        :meth:`set_momentum_state` a resumed job continues the same trajectory.
+        """
+        if self._optimizer is None:
+            return {}
+        out = {}
+        for name, p in self._model.named_parameters():
+            buffer = self._optimizer.state.get(p, {}).get("momentum_buffer")
+            if buffer is not None:
+                out[name] = buffer.detach().numpy().astype(np.float32, copy=True)
+        return out
+
+    def set_momentum_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore buffers from :meth:`momentum_state` (every parameter's, or none).
+
+        Raises
+        ------
+        ConfigError
+            Buffers given to a trainer without momentum, or a missing, extra or
+            mis-shaped buffer.
+
+        """
+        if not arrays:
+            return
+        if self._optimizer is None:
+            raise ConfigError("momentum buffers given, but this trainer has momentum 0")
+        named = dict(self._model.named_parameters())
+        if set(arrays) != set(named):
+            raise ConfigError(f"momentum buffers for {sorted(arrays)}, expected {sorted(named)}")
+        for name, p in named.items():
+            value = np.asarray(arrays[name], dtype=np.float32)
+            if value.shape != tuple(p.shape):
+                raise ConfigError(
+                    f"momentum buffer {name!r} has shape {value.shape}, expected {tuple(p.shape)}"
+                )
+            buffer = torch.from_numpy(value.copy())
+            self._optimizer.state[p]["momentum_buffer"] = buffer
+
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         check_model_fit(x, y, self.spec)
         if len(y) == 0:
@@ -175,10 +238,13 @@ class Trainer:
         loss = self._loss(self._model(xb), yb)
         self._model.zero_grad(set_to_none=True)
         loss.backward()
-        with torch.no_grad():
-            for p in self._model.parameters():
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-self.learning_rate)
+        if self._optimizer is not None:
+            self._optimizer.step()
+        else:
+            with torch.no_grad():
+                for p in self._model.parameters():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-self.learning_rate)
         value = float(loss.detach())
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * (time.perf_counter() - start))
@@ -264,7 +330,7 @@ class Trainer:
         """
         _positive("batches", batches, integer=True)
         xt, yt = self._tensors(x, y)
-        saved = self.params()
+        saved, velocity = self.params(), self.momentum_state()
         generator = torch.Generator().manual_seed(0)
         try:
             self._model.train()
@@ -278,6 +344,9 @@ class Trainer:
             seconds = time.perf_counter() - start
         finally:
             self.set_params(saved)
+            if self._optimizer is not None:  # measuring leaves no momentum behind
+                self._optimizer.state.clear()
+                self.set_momentum_state(velocity)
         return samples / max(seconds, 1e-9)
 
     def save(self, path: Path) -> None:

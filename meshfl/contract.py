@@ -342,7 +342,9 @@ class JobSpec(TypedDict):
     normal level (the median of its first 10 messages; 0 or absent: never);
     ``dense_below`` sends tensors with fewer elements uncompressed (biases, norms; 0 or
     absent: none); ``byte_budget`` (bytes per message, 0 or absent: none) sets a top-k or
-    random-k codec's density to the largest that fits.
+    random-k codec's density to the largest that fits; ``local_momentum`` is the
+    trainer's heavy-ball momentum β in [0, 1), its buffer kept across rounds (0 or
+    absent: plain SGD).
 
     A spec without ``topology`` takes the fleet's default topology setting
     (``GET /topology``): its kind and those of its parameters (``topology_degree``,
@@ -370,6 +372,7 @@ class JobSpec(TypedDict):
     keyframe_growth: NotRequired[float]
     dense_below: NotRequired[int]
     byte_budget: NotRequired[int]
+    local_momentum: NotRequired[float]  # heavy ball β of the local SGD, in [0, 1) [0: off]
     # Topology parameters (issue 4); absent: the defaults in brackets.
     topology_degree: NotRequired[int]  # random-regular degree, small-world k [4]
     topology_probability: NotRequired[float]  # erdos-renyi p, small-world rewiring [0.3]

@@ -28,6 +28,10 @@ DenseBelow = Annotated[
 ByteBudget = Annotated[
     int, typer.Option(help="Payload bytes per message; sets top-k/random-k density (0: off).")
 ]
+LocalMomentum = Annotated[
+    float,
+    typer.Option(help="Heavy-ball momentum β in [0, 1) of the local SGD, kept across rounds."),
+]
 Rounds = Annotated[int, typer.Option(help="Gossip rounds.")]
 LearningRate = Annotated[float, typer.Option(help="SGD learning rate.")]
 BatchSize = Annotated[int, typer.Option(help="Minibatch size.")]
@@ -149,7 +153,7 @@ def privacy_fields(
 
 
 SECURE_DEFAULT_CODEC = "int8"
-"""The codec a secure job uses when the codec option was left at its default (top-k,
+"""The codec a secure job uses when the codec option was left at its default (sign,
 which cannot be masked)."""
 
 
@@ -158,7 +162,7 @@ def privacy_defaults(
 ) -> tuple[str, float, str]:
     """Swap the defaults that cannot work with secure aggregation or DP; say what changed.
 
-    With ``--secure-aggregation``, a codec left at the default (top-k) becomes int8; with
+    With ``--secure-aggregation``, a codec left at the default (sign) becomes int8; with
     it or with DP, keyframes left at the default turn off (a keyframe is an unmasked
     model). Options the user gave explicitly are kept (and refused with the reason if they
     cannot work). Returns ``(codec, keyframe_growth, note)``; the note is ``""`` when
@@ -170,7 +174,7 @@ def privacy_defaults(
     changed = []
     if secure and parse_codec(codec).spec == parse_codec(DEFAULTS.codec).spec:
         codec = SECURE_DEFAULT_CODEC
-        changed.append(f"codec {codec} (top-k cannot be masked)")
+        changed.append(f"codec {codec} ({DEFAULTS.codec} cannot be masked)")
     if (secure or dp) and keyframe_growth == DEFAULTS.keyframe_growth:
         keyframe_growth = 0.0
         changed.append("error-triggered keyframes off")

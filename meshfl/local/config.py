@@ -15,7 +15,10 @@ __all__ = ["DEFAULTS", "PRIVACY_FIELDS", "LocalConfig"]
 
 @dataclass(frozen=True)
 class LocalConfig:
-    """Options of ``meshfl local`` (defaults: workload W1, CHOCO-SGD with top-k).
+    """Options of ``meshfl local`` (defaults: W1, CHOCO-SGD sign, complete, momentum 0.9).
+
+    The defaults are CHOCO-SGD with the sign codec on the complete graph, γ 1, local
+    heavy-ball momentum 0.9 (README, "why these defaults"; BENCHMARKS.md).
 
     Most fields are the ``JobSpec``'s (``topology`` may also be a path to a JSON edge
     list, sent as ``custom_graph``; ``topology_seed`` None means ``seed``;
@@ -39,27 +42,30 @@ class LocalConfig:
     ``brokers`` > 1 runs that many Mosquitto brokers bridged to the coordinator's, agents
     alternating over them (:mod:`meshfl.local.bridged`; 1: one broker). ``in_process`` K
     > 0 runs the agents as threads of K processes (:mod:`meshfl.local.inprocess`; 0: one
-    process per agent).
+    process per agent). ``model_seed`` seeds the model and the shuffles (the JobSpec's
+    ``seed``) apart from the partition's ``seed`` (None: ``seed``).
     """
 
     agents: int = 8
     rounds: int = 30
     dataset: str = "digits"
     alpha: float = 0.5
-    topology: str = "ring"
+    topology: str = "complete"
     algorithm: str = "choco"
-    codec: str = "topk:0.15"
-    consensus_step: float = 0.9
+    codec: str = "sign"
+    consensus_step: float = 1.0
     keyframe_growth: float = 1.5
     dense_below: int = 0
     byte_budget: int = 0
     learning_rate: float = 0.1
+    local_momentum: float = 0.9
     batch_size: int = 32
     local_epochs: int = 1
     round_deadline_s: float = 30.0
     max_payload_bytes: int = 131072
     broker: str | None = None
     seed: int = 0
+    model_seed: int | None = None  # the JobSpec's seed (model, shuffles); None: seed
     out: Path = Path("meshfl-run")
     label_column: str = "label"
     sketch_dim: int = 256

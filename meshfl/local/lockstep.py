@@ -90,11 +90,12 @@ def run_lockstep(
         ``consensus_step`` (γ), ``keyframe_growth``, ``dense_below``, ``byte_budget``
         (the per-tensor :class:`meshfl.codecs.CodecPolicy`, as the agents build it) and
         ``topology`` the gossip;
-        ``learning_rate``, ``batch_size``, ``local_epochs`` and ``rounds`` the training.
+        ``learning_rate``, ``local_momentum``, ``batch_size``, ``local_epochs`` and
+        ``rounds`` the training.
     model_seed : int, optional
         Overrides the model and shuffling seed (and the codecs' random seeds) while
         keeping the data partition of ``config.seed`` (to measure the spread over
-        initialisations).
+        initialisations); default ``config.model_seed``, else ``config.seed``.
     model : ModelSpec, optional
         The model; default the MLP ``input_dim → 64 → classes`` of ``meshfl local``.
     gossip : {"choco", "dpsgd", "model", "model-ef"}, optional
@@ -136,7 +137,9 @@ def run_lockstep(
     classes = num_classes(split)
     spec = model or {"name": "mlp", "input_dim": int(split.x_train.shape[1]),
                      "num_classes": classes, "hidden": [64]}  # fmt: skip
-    seed = config.seed if model_seed is None else model_seed
+    if model_seed is None:
+        model_seed = config.seed if config.model_seed is None else config.model_seed
+    seed = model_seed
     n = config.agents
     trainers = [
         Trainer(
@@ -146,6 +149,7 @@ def run_lockstep(
             learning_rate=config.learning_rate,
             batch_size=config.batch_size,
             local_epochs=config.local_epochs,
+            momentum=config.local_momentum,
         )
         for i in range(n)
     ]

@@ -48,6 +48,10 @@ def validate(config: LocalConfig) -> None:
         raise ConfigError(f"--keyframe-growth must be 0 (off) or > 1 (got {growth})")
     if not (math.isfinite(config.consensus_step) and 0 < config.consensus_step <= 1):
         raise ConfigError(f"--consensus-step must be in (0, 1] (got {config.consensus_step})")
+    if not (math.isfinite(config.local_momentum) and 0 <= config.local_momentum < 1):
+        raise ConfigError(f"--local-momentum must be in [0, 1) (got {config.local_momentum})")
+    if config.model_seed is not None and not 0 <= config.model_seed < 2**32:
+        raise ConfigError(f"--model-seed must be in [0, 2^32) (got {config.model_seed})")
     if config.algorithm not in ("choco", "dpsgd"):
         raise ConfigError(f"--algorithm must be choco or dpsgd (got {config.algorithm!r})")
     from meshfl.codecs import parse_codec

@@ -79,14 +79,22 @@ def test_the_cli_runs_a_small_fleet_that_beats_chance(tmp_path: Path) -> None:
     assert totals["applied_twice"] == totals["unrecovered_losses"] == totals["rejected"] == 0
     assert [r["sent"] for r in report["ledger"]["rounds"]] == [4] * 5
     assert f"ledger: 20 sent, {received} applied, 0 applied twice" in proc.stdout
-    # every message arrived in time, so the fleet computed what lockstep computes
+    # every message arrived in time, so the fleet computed what lockstep computes — with
+    # the defaults' local heavy-ball momentum, whose buffers live across the rounds
+    config = report["config"]
+    assert (config["codec"], config["topology"], config["local_momentum"]) == (
+        "sign", "complete", 0.9)  # fmt: skip
     lockstep = run_lockstep(LocalConfig(agents=4, rounds=5))
     np.testing.assert_allclose([r["mean_accuracy"] for r in report["rounds"]],
                                lockstep.mean_accuracy, atol=1e-9)  # fmt: skip
 
 
-def fedavg_reference(data_dir: Path, rounds: int, seed: int) -> float:
-    """Exact averaging after every round (FedAvg, equal weights), computed here."""
+def fedavg_reference(data_dir: Path, rounds: int, seed: int, momentum: float) -> float:
+    """Exact averaging after every round (FedAvg, equal weights), computed here.
+
+    Each device keeps its own heavy-ball buffer (``momentum``) across rounds, as the agents
+    do; only the models are averaged.
+    """
     from edge_agent.trainer import Trainer
     from models.data import load_dataset_file
 
@@ -101,6 +109,7 @@ def fedavg_reference(data_dir: Path, rounds: int, seed: int) -> float:
             learning_rate=0.1,  # type: ignore[arg-type]
             batch_size=32,
             local_epochs=1,
+            momentum=momentum,
         )
         for i in range(len(files))
     ]
@@ -128,7 +137,8 @@ def test_dpsgd_on_the_complete_graph_is_exact_averaging(tmp_path: Path) -> None:
 
     result = run_local(config)
 
-    expected = fedavg_reference(tmp_path / "run" / "data", 8, seed=0)
+    expected = fedavg_reference(tmp_path / "run" / "data", 8, seed=0, momentum=0.9)
+    assert config.local_momentum == 0.9  # the default: the reference runs it too
     final = result.report["final"]
     assert abs(final["mean_accuracy"] - expected) <= 0.01
     assert final["min_accuracy"] == pytest.approx(final["mean_accuracy"], abs=1e-9)

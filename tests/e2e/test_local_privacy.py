@@ -19,7 +19,7 @@ def test_secure_aggregation_with_distributed_dp_runs_and_accounts_epsilon(
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "meshfl", "local", "--agents", "4", "--rounds", "3",
-         "--secure-aggregation", "2", "--dp-mode", "distributed",
+         "--topology", "ring", "--secure-aggregation", "2", "--dp-mode", "distributed",
          "--dp-noise-multiplier", "1.0", "--dp-clip", "1.0", "--dp-epsilon-budget", "200",
          "--out", str(out)],
         capture_output=True, text=True, timeout=300,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from meshfl.errors import ConfigError
@@ -150,11 +151,25 @@ def _spec(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 def test_default_spec_carries_no_issue_4_keys(tmp_path: Path) -> None:
     spec, _ = _spec(tmp_path)
 
-    assert spec["topology"] == "ring"
+    assert (spec["topology"], spec["codec"], spec["consensus_step"]) == ("complete", "sign", 1.0)
+    assert spec["local_momentum"] == 0.9 and spec["seed"] == 0
     new_keys = {"topology_degree", "topology_probability", "topology_seed", "mixing",
                 "custom_graph", "mode", "staleness", "quorum", "plan", "uplink_budget_s",
                 "min_battery_percent", "elastic"}  # fmt: skip
     assert not new_keys & set(spec)
+
+
+def test_the_model_seed_changes_the_model_but_not_the_partition(tmp_path: Path) -> None:
+    spec, files = _spec(tmp_path / "a", model_seed=2, local_momentum=0.5)
+    default_spec, default_files = _spec(tmp_path / "b")
+
+    assert (spec["seed"], default_spec["seed"]) == (2, 0)
+    assert spec["local_momentum"] == 0.5
+    for mine, theirs in zip(files, default_files, strict=True):
+        with np.load(mine) as a, np.load(theirs) as b:
+            assert sorted(a.files) == sorted(b.files)
+            for key in a.files:
+                np.testing.assert_array_equal(a[key], b[key])
 
 
 def test_spec_carries_the_options_that_differ(tmp_path: Path) -> None:
