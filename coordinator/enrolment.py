@@ -102,8 +102,12 @@ def seed(make_session: sessionmaker[Session], settings: CoordinatorSettings, now
     with make_session() as session:
         row = session.get(FleetEnrolment, settings.fleet)
         if settings.enrol_token is None:
-            seeded = row is not None and row.seed_hash is not None
-            if seeded and row.disabled_at is None and row.token_hash == row.seed_hash:
+            if (
+                row is not None
+                and row.seed_hash is not None
+                and row.disabled_at is None
+                and row.token_hash == row.seed_hash
+            ):
                 row.disabled_at = now  # the setting's token, no longer asked for
             session.commit()
             return
