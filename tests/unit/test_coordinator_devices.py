@@ -9,6 +9,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -512,7 +513,8 @@ def test_the_agent_stops_with_one_line_once_revoked(client: TestClient, clock: F
 
     def serve() -> None:
         try:
-            daemon._serve(config, agent, None, device_id, "lab", None, None, {}, None)  # type: ignore[arg-type]
+            idle = SimpleNamespace(flush=lambda timeout: None)  # a transport with nothing queued
+            daemon._serve(config, agent, idle, device_id, "lab", None, None, {}, None)  # type: ignore[arg-type]
         except BaseException as exc:
             outcome.append(exc)
 
