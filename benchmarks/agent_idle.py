@@ -37,8 +37,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 
-from meshfl.local.admin import AdminClient
-from meshfl.local.processes import Supervisor, free_port, wait_for_port
+from meshfl.app.local.admin import AdminClient
+from meshfl.app.local.processes import Supervisor, free_port, wait_for_port
 
 MB = 1e6
 

@@ -2,7 +2,7 @@
 
 Runs ``meshfl local ARGS`` (default: the W1 defaults) and samples every descendant process
 every 0.1 s: its CPU time (user + system) and its ``VmHWM`` (peak RSS). Roles: the
-launcher, the zygote (:mod:`meshfl.local.zygote`), its children (the agents and the
+launcher, the zygote (:mod:`meshfl.app.local.zygote`), its children (the agents and the
 report's ONNX check), the agents' own short children (the end-of-job ONNX export), agents
 started from scratch (``MESHFL_LOCAL_ZYGOTE=0``), the coordinator and the broker. CPU seconds add up
 whatever else the machine runs, so they compare runs on a shared machine better than

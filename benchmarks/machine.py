@@ -1,11 +1,11 @@
-"""Describe the machine a benchmark ran on: the one implementation is meshfl.bench.machine.
+"""Describe the machine a benchmark ran on: the one implementation is meshfl.app.bench.machine.
 
 The benchmark scripts put this folder on ``sys.path`` and ``from machine import
-describe``; benchmark code lives in :mod:`meshfl.bench`, this folder holds entry scripts.
+describe``; benchmark code lives in :mod:`meshfl.app.bench`, this folder holds entry scripts.
 """
 
 from __future__ import annotations
 
-from meshfl.bench.machine import describe
+from meshfl.app.bench.machine import describe
 
 __all__ = ["describe"]

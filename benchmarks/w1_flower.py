@@ -271,7 +271,7 @@ def run_meshfl(n: int, rounds: int, trivial: str | None, broker: str | None,
 
 def meshfl_child(spec: dict[str, Any]) -> None:
     """Run ``run_local`` (W1 defaults; the trivial model on a CSV); write timing.json."""
-    from meshfl.local.run import LocalConfig, run_local
+    from meshfl.app.local.run import LocalConfig, run_local
 
     marks: dict[str, float] = {}
 

@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 from w5_wrk import drive_wrk, wrk_missing
 
-from meshfl.local.processes import free_port, wait_for_port
+from meshfl.app.local.processes import free_port, wait_for_port
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 LOCUSTFILE = Path(__file__).with_name("w5_locustfile.py")

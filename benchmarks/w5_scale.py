@@ -1,6 +1,6 @@
 """W5 scale: 256 in-process agents, a tiny model, a random 4-regular graph, one Mosquitto.
 
-The fleet is ``meshfl local --in-process K`` (meshfl/local/inprocess.py): a coordinator
+The fleet is ``meshfl local --in-process K`` (meshfl/app/local/inprocess.py): a coordinator
 and K ``meshfl agent fleet`` processes, each running its share of the agents as threads
 (every agent with its own identity, REST client and MQTT session), on one Mosquitto
 started here with the project's config and ``$SYS`` statistics every second. The model
@@ -50,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 
 from broker.bridge import BridgedBrokers
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.processes import Supervisor
+from meshfl.app.local.run import DEFAULTS, LocalConfig, run_local
 from meshfl.contract import RoundSummary
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.processes import Supervisor
-from meshfl.local.run import DEFAULTS, LocalConfig, run_local
 
 SYS_TOPICS = ("$SYS/broker/bytes/+", "$SYS/broker/publish/messages/+")
 LOCKSTEP_MAX = 10

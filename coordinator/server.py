@@ -69,7 +69,7 @@ def serve(
     broker's login table it updates on enrol and revoke (``None``: none); ``subscribe``
     delivers the devices' status topics, so a Last Will turns a device offline at once
     (:mod:`coordinator.presence`; ``None``: heartbeats only). ``uvicorn_logging`` False
-    leaves logging as the caller configured it (JSON lines, :mod:`meshfl.cli.logs`):
+    leaves logging as the caller configured it (JSON lines, :mod:`meshfl.app.cli.logs`):
     uvicorn's loggers then propagate to the root's handler. ``tls`` serves HTTPS from that
     certificate and key (:func:`check_tls`); ``None``: plain HTTP, which clients accept
     only on loopback (:mod:`meshfl.coordinator_url`).

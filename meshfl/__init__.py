@@ -4,7 +4,7 @@ The ``meshfl`` package is the shared kernel (numpy and the standard library only
 wire format (:mod:`meshfl.wire`), codecs (:mod:`meshfl.codecs`), topologies and mixing
 matrices (:mod:`meshfl.topology`), gossip algorithms (:mod:`meshfl.aggregation`), the
 REST contract (:mod:`meshfl.contract`) and the error tree (:mod:`meshfl.errors`).
-:mod:`meshfl.cli` and :mod:`meshfl.local` are the composition root.
+:mod:`meshfl.app.cli` and :mod:`meshfl.app.local` are the composition root.
 """
 
 from meshfl.errors import MeshflError

@@ -1,3 +1,3 @@
-from meshfl.cli import main
+from meshfl.app.cli import main
 
 main()

@@ -5,7 +5,6 @@ neighbour's message to ``incoming(sender, tensors)`` (exactly once), and then ca
 ``mix(x, answered)`` with the neighbours whose messages arrived by the deadline.
 """
 
-from meshfl.aggregation.attack import SignFlip
 from meshfl.aggregation.choco import ChocoGossip
 from meshfl.aggregation.compressed_dpsgd import CompressedDPSGD
 from meshfl.aggregation.dp import GaussianPrivatizer, Privatizer, clip_l2
@@ -45,7 +44,6 @@ __all__ = [
     "Privatizer",
     "RobustMixer",
     "SecureChoco",
-    "SignFlip",
     "adaptive_tau",
     "add_mod",
     "clip_l2",

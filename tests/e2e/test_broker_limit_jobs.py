@@ -34,8 +34,8 @@ from broker.mosquitto import MosquittoProcess
 from broker.tuning import MosquittoTuning
 from edge_agent.transport.limits import PUBLISH_OVERHEAD
 from edge_agent.transport.mqtt import MqttTransport
+from meshfl.app.local.run import LocalConfig, LocalRun, run_local
 from meshfl.errors import MeshflError
-from meshfl.local.run import LocalConfig, LocalRun, run_local
 from meshfl.wire.serde import decode_chunk
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.run import LocalConfig, LocalRun, run_local
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.run import LocalConfig, LocalRun, run_local
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

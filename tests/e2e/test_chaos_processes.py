@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from broker.ports import free_port, wait_for_port
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.process_faults import ProcessFault, ProcessFaults
-from meshfl.local.processes import Supervisor
-from meshfl.local.run import LocalConfig, LocalRun, run_local
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.lab.process_faults import ProcessFault, ProcessFaults
+from meshfl.app.local.processes import Supervisor
+from meshfl.app.local.run import LocalConfig, LocalRun, run_local
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

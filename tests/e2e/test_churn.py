@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meshfl.local.run import LocalConfig, run_local
+from meshfl.app.local.run import LocalConfig, run_local
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from broker.ports import free_port
 from coordinator import CoordinatorSettings, create_app
-from meshfl.cli import app
+from meshfl.app.cli import app
 from meshfl.errors import ConfigError, CoordinatorError
 
 pytestmark = pytest.mark.e2e
@@ -339,8 +339,8 @@ def test_entry_point_errors_are_one_line(coordinator: Coordinator) -> None:
 
 
 def test_an_id_is_one_path_segment_and_a_bad_url_is_one_line() -> None:
+    from meshfl.app.local.admin import AdminClient, path_segment
     from meshfl.errors import ConfigError
-    from meshfl.local.admin import AdminClient, path_segment
 
     assert path_segment("../tokens/tok-1") == "..%2Ftokens%2Ftok-1"
     with pytest.raises(ConfigError, match="is not valid"):

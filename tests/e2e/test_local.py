@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.processes import Supervisor
+from meshfl.app.local.run import LocalConfig, run_local
 from meshfl.contract import RoundSummary
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.processes import Supervisor
-from meshfl.local.run import LocalConfig, run_local
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.run import LocalConfig, run_local
 from meshfl.errors import ConfigError
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.run import LocalConfig, run_local
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from broker.mosquitto import MosquittoProcess
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.run import LocalConfig, run_local
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.run import LocalConfig, run_local
 
 pytestmark = pytest.mark.e2e
 

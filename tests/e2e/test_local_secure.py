@@ -39,10 +39,10 @@ import pytest
 from broker.passwords import hash_password, verify_password
 from coordinator.tokens import API_TOKEN_PREFIX, ENROLMENT_TOKEN_PREFIX
 from edge_agent.transport.mqtt import MqttTransport
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.run import LocalConfig, run_local
+from meshfl.app.local.secure_broker import FLEET, SECURITY_LINE
 from meshfl.errors import ConfigError, MeshflError
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.run import LocalConfig, run_local
-from meshfl.local.secure_broker import FLEET, SECURITY_LINE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.mqtt]
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from edge_agent.onnx_infer import OnnxModel
-from meshfl.local.processes import Supervisor, free_port, wait_for_port
-from meshfl.local.run import LocalConfig, run_local
+from meshfl.app.local.processes import Supervisor, free_port, wait_for_port
+from meshfl.app.local.run import LocalConfig, run_local
 from models.data import load_dataset_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

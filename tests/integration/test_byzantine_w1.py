@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 
 from edge_agent.trainer import Trainer
-from meshfl.aggregation import ChocoGossip, SignFlip
+from meshfl.aggregation import ChocoGossip
 from meshfl.aggregation.privacy import parse_robust
+from meshfl.app.local.lab.attack import SignFlip
 from meshfl.codecs import Identity
 from meshfl.errors import CodecError
 from meshfl.topology import exponential, metropolis_hastings

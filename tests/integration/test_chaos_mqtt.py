@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edge_agent.transport.address import parse_broker_address
-from meshfl.local.chaos_proxy import ChaosProxy, Faults
+from meshfl.app.local.lab.chaos_proxy import ChaosProxy, Faults
 from meshfl.wire import delta_topic
 
 pytestmark = pytest.mark.mqtt

@@ -20,7 +20,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from broker.ports import free_port
 from edge_agent.identity_lock import lock_identity
 from edge_agent.transport.mqtt import SESSION_TAKEN_OVER, MqttTransport, SessionTakenOver
-from meshfl.cli.servers import _control_transport
+from meshfl.app.cli.servers import _control_transport
 from meshfl.errors import ConfigError
 
 HOLD = """

@@ -11,9 +11,9 @@ import pytest
 
 from edge_agent.daemon import AgentConfig
 from edge_agent.fleet import AgentOutcome, fleet_configs, run_fleet
+from meshfl.app.local.inprocess import blocks, check_in_process_options
+from meshfl.app.local.run import LocalConfig
 from meshfl.errors import ConfigError, DataError
-from meshfl.local.inprocess import blocks, check_in_process_options
-from meshfl.local.run import LocalConfig
 
 TEMPLATE = AgentConfig(coordinator="http://127.0.0.1:1", token="t", data=Path("x"), name="x")
 

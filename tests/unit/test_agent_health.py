@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from edge_agent.health import HealthWriter, check_health, health_path
-from meshfl.cli import app
+from meshfl.app.cli import app
 
 
 def test_a_running_connected_agent_is_healthy_and_a_stopped_one_is_not(tmp_path: Path) -> None:

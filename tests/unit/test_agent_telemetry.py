@@ -28,8 +28,8 @@ from edge_agent.observer import RoundSample, engine_counts
 from edge_agent.secure_engine import SecureStats
 from edge_agent.telemetry import AgentTelemetry
 from edge_agent.transport.memory import MemoryBroker
-from meshfl.cli import main
-from meshfl.cli.logs import log_handler
+from meshfl.app.cli import main
+from meshfl.app.cli.logs import log_handler
 from meshfl.errors import ConfigError
 from meshfl.modelspec import from_options, with_hash
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshfl.bench import codecs as bench
-from meshfl.bench.machine import describe
+from meshfl.app.bench import codecs as bench
+from meshfl.app.bench.machine import describe
 from meshfl.codecs import parse_codec
 from meshfl.codecs.sign import abs_sum_and_sign_bits
 from meshfl.codecs.topk import _top_indices, _top_indices_sampled

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from meshfl.bench import wire
+from meshfl.app.bench import wire
 from meshfl.wire.serde import CHUNK_OVERHEAD, ENVELOPE_OVERHEAD, TENSOR_OVERHEAD
 
 

@@ -30,8 +30,8 @@ from broker.tls import CertificateAuthority, write_tls_dir
 from edge_agent.daemon import AgentConfig, _broker_transport
 from edge_agent.transport.address import parse_broker_address, tls_context
 from edge_agent.transport.mqtt import MqttTransport
-from meshfl.cli import app
-from meshfl.cli.servers import _broker_accounts, _coordinator_login
+from meshfl.app.cli import app
+from meshfl.app.cli.servers import _broker_accounts, _coordinator_login
 from meshfl.errors import ConfigError
 
 # Made by Mosquitto 2.0.11's own tool: `mosquitto_passwd -b FILE alice secret`.

@@ -17,18 +17,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from meshfl.errors import ConfigError, WireError
-from meshfl.local.chaos import Partition, chaos_line, parse_chaos
-from meshfl.local.chaos_proxy import ChaosProxy, Faults
-from meshfl.local.mqtt_frames import (
+from meshfl.app.local.lab.chaos import Partition, chaos_line, parse_chaos
+from meshfl.app.local.lab.chaos_proxy import ChaosProxy, Faults
+from meshfl.app.local.lab.mqtt_frames import (
     PacketSplitter,
     connect_level,
     packet_id,
     parse_publish,
     puback,
 )
-from meshfl.local.process_faults import ProcessFault, broker_faults
-from meshfl.local.run import LocalConfig, validate
+from meshfl.app.local.lab.process_faults import ProcessFault, broker_faults
+from meshfl.app.local.run import LocalConfig, validate
+from meshfl.errors import ConfigError, WireError
 from meshfl.wire import delta_topic, status_topic
 from meshfl.wire.chunking import split_message
 from meshfl.wire.serde import decode_chunk

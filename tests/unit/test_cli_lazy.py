@@ -10,17 +10,18 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from meshfl.cli import COMMANDS, app, load_command
+from meshfl.app.cli import COMMANDS, app, load_command
 
 # What ``meshfl agent run`` must never import on a device.
 FORBIDDEN = (
-    "meshfl.local", "meshfl.bench", "meshfl.cli.local", "meshfl.cli.job", "meshfl.cli.bench",
+    "meshfl.app.local", "meshfl.app.bench",
+    "meshfl.app.cli.local", "meshfl.app.cli.job", "meshfl.app.cli.bench",
     "coordinator", "broker", "fastapi", "starlette", "uvicorn", "sqlalchemy", "amqtt",
 )  # fmt: skip
 
 AGENT_RUN = """
 import json, sys
-from meshfl.cli import main
+from meshfl.app.cli import main
 try:
     main(["agent", "run", "--help"])
 except SystemExit:
@@ -38,7 +39,7 @@ def test_meshfl_agent_run_imports_no_launcher_lab_coordinator_broker_or_web_modu
     modules = json.loads(out.strip().splitlines()[-1])
     loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN or m.startswith(FORBIDDEN)]
     assert loaded == []
-    assert "meshfl.cli.agent" in modules and "edge_agent.daemon" in modules
+    assert "meshfl.app.cli.agent" in modules and "edge_agent.daemon" in modules
 
 
 def test_meshfl_help_lists_every_sub_command_with_its_help() -> None:

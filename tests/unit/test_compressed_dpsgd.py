@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshfl.aggregation import CompressedDPSGD, DPSGDGossip, GossipAlgorithm
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.run import LocalConfig
 from meshfl.codecs import Identity, Sign, TopK, decode_tensor
 from meshfl.errors import CodecError, ConfigError, WireError
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.run import LocalConfig
 from meshfl.topology import metropolis_hastings, ring
 
 Model = dict[str, np.ndarray]

@@ -13,8 +13,8 @@ from test_coordinator_api import ADMIN, ADMIN_H, API, ENROL, FakeClock, metrics,
 
 from coordinator import CoordinatorSettings, create_app
 from coordinator.ledger import COUNTS
+from meshfl.app.local.report import add_unmixed, ledger_line, ledger_section, unmixed_by_device
 from meshfl.contract import RoundLedger
-from meshfl.local.report import add_unmixed, ledger_line, ledger_section, unmixed_by_device
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

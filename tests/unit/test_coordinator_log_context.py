@@ -16,7 +16,7 @@ from pathlib import Path
 from test_coordinator_api import ADMIN, ADMIN_H, API, ENROL, FakeClock, enrol, spec
 
 from coordinator import CoordinatorSettings, create_app
-from meshfl.cli.logs import log_handler
+from meshfl.app.cli.logs import log_handler
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

@@ -380,9 +380,9 @@ def test_job_start_sends_the_new_options_and_job_topology_prints_the_versions(
 ) -> None:
     from typer.testing import CliRunner
 
-    import meshfl.cli.job as job_cli
-    from meshfl.cli import app
-    from meshfl.local.admin import AdminClient
+    import meshfl.app.cli.job as job_cli
+    from meshfl.app.cli import app
+    from meshfl.app.local.admin import AdminClient
 
     def through_the_app(url: str, token: str) -> AdminClient:
         client = AdminClient(url, token)
@@ -426,7 +426,7 @@ def test_job_start_sends_the_new_options_and_job_topology_prints_the_versions(
 def test_job_start_refuses_an_unknown_topology_name(fleet: Fleet) -> None:
     from typer.testing import CliRunner
 
-    from meshfl.cli import app
+    from meshfl.app.cli import app
 
     r = CliRunner().invoke(
         app, ["job", "start", "--coordinator", "http://127.0.0.1:9", "--admin-token", "a",

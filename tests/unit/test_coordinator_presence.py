@@ -19,7 +19,7 @@ from coordinator.presence import (
     Presence,
     online_status,
 )
-from meshfl.cli import servers
+from meshfl.app.cli import servers
 from meshfl.errors import TransportError
 from meshfl.wire import status_filter, status_topic
 from meshfl.wire.status import MAX_STATUS_BYTES

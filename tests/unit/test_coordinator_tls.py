@@ -21,10 +21,10 @@ from broker.tls import write_tls_dir
 from coordinator import CoordinatorSettings, create_app
 from coordinator.server import check_tls, tls_arguments
 from edge_agent.rest import CoordinatorClient
-from meshfl.cli import app as cli
+from meshfl.app.cli import app as cli
+from meshfl.app.local.admin import AdminClient
 from meshfl.coordinator_url import http_verify, is_loopback
 from meshfl.errors import ConfigError
-from meshfl.local.admin import AdminClient
 
 ENROL, ADMIN = "enrol-secret", "admin-secret"
 

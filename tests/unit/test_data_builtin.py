@@ -90,7 +90,7 @@ def test_load_split_takes_names_and_paths(tmp_path):
 
 
 def test_lockstep_uses_the_builtins():
-    from meshfl.local.lockstep import load_split as lockstep_split
+    from meshfl.app.local.lab.lockstep import load_split as lockstep_split
 
     assert lockstep_split("wine", 0).x_train.shape == (142, 13)
     with pytest.raises(ConfigError, match="unknown built-in dataset"):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshfl.cli import main
+from meshfl.app.cli import main
 from meshfl.errors import ConfigError
 from models.data import load_dataset_file, load_test_arrays
 from models.datasets import dirichlet_partition as reexported

@@ -246,7 +246,7 @@ def test_meshfl_agent_run_takes_allow_model_and_a_token_file(
 ) -> None:
     from typer.testing import CliRunner
 
-    from meshfl.cli import app
+    from meshfl.app.cli import app
 
     seen: list[AgentConfig] = []
     monkeypatch.setattr("edge_agent.daemon.run_agent", lambda config, **_: seen.append(config))

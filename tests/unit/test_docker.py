@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from coordinator.settings import CoordinatorSettings
-from meshfl.cli import app
+from meshfl.app.cli import app
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 

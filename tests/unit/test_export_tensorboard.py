@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from meshfl.cli import main
-from meshfl.cli.export import read_report, report_scalars
+from meshfl.app.cli import main
+from meshfl.app.cli.export import read_report, report_scalars
 from meshfl.errors import MeshflError
 
 REPORT: dict[str, Any] = {

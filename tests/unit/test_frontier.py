@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from meshfl.bench import frontier
-from meshfl.bench.frontier import Curve, main
+from meshfl.app.bench import frontier
+from meshfl.app.bench.frontier import Curve, main
 from meshfl.errors import ConfigError
 
 
@@ -55,8 +55,8 @@ def test_bad_arguments_raise_config_error(tmp_path, kwargs):
 
 
 def test_a_diverged_gamma_is_recorded_and_left_out(tmp_path, monkeypatch):
+    from meshfl.app.local.lab import lockstep
     from meshfl.errors import CodecError
-    from meshfl.local import lockstep
 
     real = lockstep.run_lockstep
 

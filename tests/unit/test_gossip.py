@@ -110,7 +110,6 @@ def test_exported_members() -> None:
             "GossipAlgorithm",
             "Privatizer",
             "RobustMixer",
-            "SignFlip",
             "adaptive_tau",
             "clip_l2",
             "clipped_gossip",

@@ -2,7 +2,7 @@
 
 Devices post round reports over TestClient (SQLite, and PostgreSQL where one answers);
 ``/metrics`` is parsed with
-prometheus-client's parser and compared with :func:`meshfl.local.report.build_report`
+prometheus-client's parser and compared with :func:`meshfl.app.local.report.build_report`
 fed by the same coordinator's REST answers (as ``meshfl local`` does).
 """
 
@@ -23,8 +23,8 @@ from test_coordinator_api import ADMIN, ADMIN_H, API, ENROL, FakeClock, metrics,
 from coordinator import CoordinatorSettings, create_app
 from coordinator.db import make_engine
 from coordinator.job_metrics import watched_jobs
-from meshfl.local.report import build_report
-from meshfl.local.run import LocalConfig
+from meshfl.app.local.report import build_report
+from meshfl.app.local.run import LocalConfig
 
 with warnings.catch_warnings():  # starlette prefers httpx2; httpx is what we ship
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

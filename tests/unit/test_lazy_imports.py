@@ -43,7 +43,7 @@ def test_coordinator_serves_without_onnx_until_a_model_arrives(tmp_path: Path) -
     out = _run(
         f"""
         import sys
-        import meshfl.cli
+        import meshfl.app.cli
         from fastapi.testclient import TestClient
         from coordinator import CoordinatorSettings, create_app
         from coordinator.server import serve

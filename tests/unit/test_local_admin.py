@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from meshfl.app.local import admin as admin_module
+from meshfl.app.local.admin import BUSY_RETRIES, AdminClient
 from meshfl.errors import CoordinatorError
-from meshfl.local import admin as admin_module
-from meshfl.local.admin import BUSY_RETRIES, AdminClient
 
 
 def _client(answers: list[httpx.Response], monkeypatch: pytest.MonkeyPatch) -> AdminClient:

@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from meshfl.cli.local import _linger
-from meshfl.local import dashboard as dashboard_module
-from meshfl.local.admin import AdminClient
-from meshfl.local.dashboard import dashboard_link, linger, open_in_browser, start_dashboard
-from meshfl.local.fleet import Churn
-from meshfl.local.processes import Supervisor
-from meshfl.local.report import build_report
-from meshfl.local.run import LocalConfig, _interrupted, validate
+from meshfl.app.cli.local import _linger
+from meshfl.app.local import dashboard as dashboard_module
+from meshfl.app.local.admin import AdminClient
+from meshfl.app.local.dashboard import dashboard_link, linger, open_in_browser, start_dashboard
+from meshfl.app.local.fleet import Churn
+from meshfl.app.local.processes import Supervisor
+from meshfl.app.local.report import build_report
+from meshfl.app.local.run import LocalConfig, _interrupted, validate
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_validate_accepts_a_dashboard_linger_of_any_length(seconds: float | None
 
 
 def test_the_cli_refuses_open_without_dashboard(capsys: pytest.CaptureFixture[str]) -> None:
-    from meshfl.cli import main
+    from meshfl.app.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["local", "--agents", "2", "--open"])
@@ -63,12 +63,12 @@ def test_the_cli_refuses_open_without_dashboard(capsys: pytest.CaptureFixture[st
 def test_the_cli_refuses_a_zero_linger_without_dashboard(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from meshfl.cli import main
+    from meshfl.app.cli import main
 
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("the run must not start")
 
-    monkeypatch.setattr("meshfl.local.run.run_local", no_run)
+    monkeypatch.setattr("meshfl.app.local.run.run_local", no_run)
     with pytest.raises(SystemExit) as exit_info:
         main(["local", "--agents", "2", "--dashboard-linger", "0"])
 

@@ -15,9 +15,9 @@ from coordinator.validation import validate_spec
 from edge_agent.checkpoint import Checkpoint, CheckpointStore, spec_digest
 from edge_agent.trainer import Trainer
 from meshfl.aggregation.momentum import heavy_ball_step
+from meshfl.app.local.config import DEFAULTS, LocalConfig
+from meshfl.app.local.lab.lockstep import run_lockstep
 from meshfl.errors import ConfigError
-from meshfl.local.config import DEFAULTS, LocalConfig
-from meshfl.local.lockstep import run_lockstep
 
 W1 = {"name": "mlp", "input_dim": 64, "num_classes": 10, "hidden": [64]}
 
@@ -188,7 +188,7 @@ def test_lockstep_runs_the_momentum_and_it_learns_faster() -> None:
 
 
 def test_a_secure_job_swaps_the_default_sign_codec_for_int8_and_says_why() -> None:
-    from meshfl.cli.options import privacy_defaults
+    from meshfl.app.cli.options import privacy_defaults
 
     codec, growth, note = privacy_defaults(True, False, DEFAULTS.codec, DEFAULTS.keyframe_growth)
     assert (codec, growth) == ("int8", 0.0)
@@ -198,7 +198,7 @@ def test_a_secure_job_swaps_the_default_sign_codec_for_int8_and_says_why() -> No
 def test_job_start_sends_the_momentum_in_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from meshfl.cli import job as job_cli
+    from meshfl.app.cli import job as job_cli
 
     sent: list[dict[str, object]] = []
 

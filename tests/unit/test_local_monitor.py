@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from meshfl.app.local.monitor import Hooks, monitor
 from meshfl.errors import CoordinatorError, CoordinatorUnreachable
-from meshfl.local.monitor import Hooks, monitor
 
 
 def _round(r: int) -> dict[str, Any]:
@@ -77,8 +77,8 @@ def test_a_coordinator_silent_past_the_stall_limit_fails_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = iter(float(t) for t in range(0, 10_000, 100))
-    monkeypatch.setattr("meshfl.local.monitor.time.monotonic", lambda: next(clock))
-    monkeypatch.setattr("meshfl.local.monitor.time.sleep", lambda s: None)
+    monkeypatch.setattr("meshfl.app.local.monitor.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("meshfl.app.local.monitor.time.sleep", lambda s: None)
     with pytest.raises(CoordinatorUnreachable):
         _follow(Admin(rounds=2, timeouts=1_000))
 

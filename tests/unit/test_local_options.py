@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from meshfl.errors import ConfigError
-from meshfl.local.fleet import (
+from meshfl.app.local.fleet import (
     Churn,
     device_name,
     joiner_names,
@@ -20,8 +19,9 @@ from meshfl.local.fleet import (
     parse_link_option,
     parse_slow,
 )
-from meshfl.local.report import build_report
-from meshfl.local.run import LocalConfig, _job_spec, _prepare_data, validate
+from meshfl.app.local.report import build_report
+from meshfl.app.local.run import LocalConfig, _job_spec, _prepare_data, validate
+from meshfl.errors import ConfigError
 
 
 def _one_line(info: pytest.ExceptionInfo[ConfigError]) -> str:
@@ -320,7 +320,7 @@ def test_report_has_topology_churn_links_and_keeps_its_keys() -> None:
 def test_cli_refuses_bad_options_in_one_line(
     args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from meshfl.cli import main
+    from meshfl.app.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(args)
@@ -332,7 +332,7 @@ def test_cli_refuses_bad_options_in_one_line(
 
 
 def test_live_time_to_accuracy_follows_the_devices_latest_reports() -> None:
-    from meshfl.local.report import live_time_to_accuracy
+    from meshfl.app.local.report import live_time_to_accuracy
 
     reports = [
         {"device_id": "a", "round": 1, "accuracy": 0.70, "bytes_sent": 10, "elapsed_s": 1.0},
@@ -348,7 +348,7 @@ def test_live_time_to_accuracy_follows_the_devices_latest_reports() -> None:
 
 
 def test_the_churn_summary_says_what_really_happened() -> None:
-    from meshfl.cli.local import _churn_lines
+    from meshfl.app.cli.local import _churn_lines
 
     report = {
         "churn": [

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from meshfl.cli import app
+from meshfl.app.cli import app
 from meshfl.errors import ConfigError
 from meshfl.modelspec import from_options, layout, layout_hash, parameter_count
 from models.arrays import spec_hash, to_arrays
@@ -270,7 +270,7 @@ def test_a_keyboard_interrupt_in_a_factory_still_propagates(user_models):
 )
 def test_model_spec_cli_refuses_in_one_line_with_exit_2(user_models, capsys, model, options,
                                                          message):  # fmt: skip
-    from meshfl.cli import main
+    from meshfl.app.cli import main
 
     sizes = {"--input-dim": "64", "--num-classes": "10", **dict([options] if options else [])}
     argv = ["model", "spec", model.format(m=user_models)]
@@ -329,7 +329,7 @@ def test_model_spec_cli_for_zoo_models_matches_the_built_model(name):
 
 
 def test_meshfl_local_builds_the_model_spec_from_its_options(user_models):
-    from meshfl.local.run import LocalConfig, _model_spec
+    from meshfl.app.local.run import LocalConfig, _model_spec
 
     assert _model_spec(LocalConfig(), 64, 10) == from_options("mlp", 64, 10)  # W1 unchanged
     lenet = _model_spec(LocalConfig(model="lenet", hidden=(4, 8, 16, 16)), 64, 10)
@@ -342,7 +342,7 @@ def test_meshfl_local_builds_the_model_spec_from_its_options(user_models):
 
 
 def test_meshfl_job_start_builds_the_model_spec_from_its_options(user_models):
-    from meshfl.cli.job import _model_spec
+    from meshfl.app.cli.job import _model_spec
 
     assert _model_spec("mlp", 64, 10, None, None, None, None) == from_options("mlp", 64, 10)
     resnet = _model_spec("resnet", 48, 3, "4,8", "3,4,4", None, None)

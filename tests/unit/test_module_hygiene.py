@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("meshfl", "edge_agent", "coordinator", "broker", "models")
 APPS = ("edge_agent", "coordinator", "broker", "models")
 # The composition root inside the meshfl folder: everything else there is the kernel.
-COMPOSITION_ROOT = ("meshfl.cli", "meshfl.local", "meshfl.bench")
+COMPOSITION_ROOT = ("meshfl.app",)
 MAX_LINES = 500
 
 # Modules over MAX_LINES today, each with its line count as a ceiling: an entry may only
@@ -29,7 +29,7 @@ OVERSIZE_CEILINGS: dict[str, int] = {
     "meshfl/contract.py": 1023,
     "edge_agent/secure_engine.py": 796,
     "edge_agent/job.py": 698,
-    "meshfl/local/run.py": 684,
+    "meshfl/app/local/run.py": 684,
     "edge_agent/transport/mqtt.py": 602,
     "edge_agent/engine.py": 591,
     "edge_agent/secagg/crypto.py": 538,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from edge_agent.onnx_infer import OnnxModel
+from meshfl.app.local.onnx_report import consensus_line, mean_arrays, onnx_section
 from meshfl.errors import ConfigError
-from meshfl.local.onnx_report import consensus_line, mean_arrays, onnx_section
 from models.arrays import load_arrays, to_arrays
 from models.onnx import torch_logits
 from models.zoo import build_model
@@ -35,7 +35,7 @@ def write_models(models_dir: Path, names: list[str]) -> list[dict[str, np.ndarra
 
 
 def test_the_tolerance_is_the_exporters() -> None:
-    from meshfl.local import onnx_report
+    from meshfl.app.local import onnx_report
     from models import onnx
 
     assert onnx_report.PARITY_TOLERANCE == onnx.PARITY_TOLERANCE == 1e-5

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from broker import ports
+from meshfl.app.local import processes
+from meshfl.app.local.processes import Child
 from meshfl.errors import MeshflError
-from meshfl.local import processes
-from meshfl.local.processes import Child
 
 
 def test_the_launcher_uses_the_broker_port_helpers() -> None:

@@ -11,13 +11,13 @@ from meshfl.aggregation import (
     ChocoGossip,
     DPSGDGossip,
     RobustMixer,
-    SignFlip,
     adaptive_tau,
     clipped_gossip,
     coordinate_median,
     trimmed_mean,
 )
 from meshfl.aggregation.privacy import RobustRule, parse_robust
+from meshfl.app.local.lab.attack import SignFlip
 from meshfl.codecs import Identity, decode_tensor
 from meshfl.errors import ConfigError
 

@@ -17,7 +17,7 @@ from coordinator import secagg
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.migrate import upgrade
 from meshfl import files
-from meshfl.cli import app
+from meshfl.app.cli import app
 from meshfl.errors import ConfigError
 
 

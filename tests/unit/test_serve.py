@@ -282,7 +282,9 @@ def test_serve_runs_without_torch_on_a_cached_model(tmp_path: Path, model_file: 
     (out / "consensus.json").write_text(json.dumps({"job_id": "job-9", "sha256": sha}))
     args = ["agent", "serve", "--coordinator", "http://127.0.0.1:9", "--admin-token", "x",
             "--port", "0", "--out", str(out), "--poll", "60"]  # fmt: skip
-    code = f"import sys; sys.modules['torch'] = None; from meshfl.cli import main; main({args!r})"
+    code = (
+        f"import sys; sys.modules['torch'] = None; from meshfl.app.cli import main; main({args!r})"
+    )
     process = subprocess.Popen(
         [sys.executable, "-c", code],
         stderr=subprocess.PIPE,

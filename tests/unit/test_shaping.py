@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from meshfl.app.local.lab.shaping import LinkSpec, ShapingProxy, parse_link
 from meshfl.errors import ConfigError
-from meshfl.local.shaping import LinkSpec, ShapingProxy, parse_link
 
 FAST = LinkSpec(rate_bytes_per_s=1e9, latency_s=0.0)
 

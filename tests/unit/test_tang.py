@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from meshfl.local.lockstep import run_lockstep
-from meshfl.local.run import LocalConfig
+from meshfl.app.local.lab.lockstep import run_lockstep
+from meshfl.app.local.run import LocalConfig
 
 W1 = LocalConfig(codec="topk:0.01", keyframe_growth=0.0, rounds=30)
 

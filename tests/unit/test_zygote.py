@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from broker.ports import free_port
-from meshfl.local.processes import Supervisor, wait_for_port
-from meshfl.local.zygote import ForkedProcess, Zygote
+from meshfl.app.local.processes import Supervisor, wait_for_port
+from meshfl.app.local.zygote import ForkedProcess, Zygote
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_the_supervisor_forks_agents_and_restarts_them_with_the_same_arguments(
 def test_each_child_starts_with_a_fresh_process_random_state(
     zygote: Zygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = "meshfl.local.zygote_server:first_draws"
+    target = "meshfl.app.local.zygote_server:first_draws"
     first = zygote.call(target, {}, tmp_path / "a.log", timeout_s=60)
     second = zygote.call(target, {}, tmp_path / "b.log", timeout_s=60)
     assert first["random"] != second["random"]  # Python's random reseeds at fork

@@ -1,0 +1,77 @@
+"""``meshfl bench``: the measurements behind BENCHMARKS.md (workloads of WORKLOADS.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks on the fixed workloads.", no_args_is_help=True)
+
+Out = Annotated[Path, typer.Option(help="Directory for the results (JSON; frontier: plot too).")]
+
+
+def _writable(out: Path) -> Path:
+    """Create ``out`` now, so a bad path fails before minutes of measuring."""
+    from meshfl.errors import ConfigError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".meshfl-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--out {out} is not a writable directory ({exc.strerror})") from None
+    return out
+
+
+@bench_app.command("codecs")
+def codecs(
+    size: Annotated[
+        int, typer.Option(min=1, help="Elements of the N(0,1) float32 delta (W3).")
+    ] = 10_000_000,
+    specs: Annotated[
+        str | None, typer.Option("--codecs", help="Comma-separated codec specs (default: all).")
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats; medians are reported.")] = 5,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """W3: bytes, ratio, encode/decode MB/s (one thread), relative error, vs memory copy."""
+    from meshfl.app.bench.codecs import main
+
+    specs_list = None if specs is None else specs.split(",")
+    main(size=size, specs=specs_list, repeats=repeats, out=_writable(out))
+
+
+@bench_app.command("wire")
+def wire(
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats; medians are reported.")] = 5,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """Envelope and chunking overhead for deltas of 1 KiB, 64 KiB and 1 MiB."""
+    from meshfl.app.bench.wire import main
+
+    main(repeats=repeats, out=_writable(out))
+
+
+@bench_app.command("frontier")
+def frontier(
+    workload: Annotated[str, typer.Option(help="W1 (digits-8) or W2 (mnist1d-16).")] = "W1",
+    specs: Annotated[
+        str | None, typer.Option("--codecs", help="Comma-separated codec specs (default: a sweep).")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds (default: the workload's).")] = None,
+    seeds: Annotated[int, typer.Option(help="Model seeds to average over.")] = 1,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """Accuracy against payload bytes for each codec (lockstep fleet), with a plot."""
+    from meshfl.app.bench.frontier import main
+
+    main(
+        workload=workload,
+        specs=None if specs is None else specs.split(","),
+        rounds=rounds,
+        seeds=seeds,
+        out=_writable(out),
+    )

@@ -1,0 +1,606 @@
+"""``meshfl local``: a whole fleet on this machine, end to end.
+
+Starts the embedded broker (unless a broker URL is given), a coordinator on a free port
+and N agent *processes* — the same ``meshfl agent run`` a device runs — partitions the
+dataset into per-device files, runs one job, and writes ``DIR/report.json`` and
+``DIR/report.png``. Everything it started is stopped on success, on Ctrl-C and on
+failure; a failure names the part that failed. With ``secure`` the broker is a Mosquitto
+with TLS, a login per device and the fleet's ACL (:mod:`meshfl.app.local.secure_broker`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshfl.app.local.admin import AdminClient
+from meshfl.app.local.bridged import brokers_section, check_bridged_options, start_bridged
+from meshfl.app.local.config import DEFAULTS, PRIVACY_FIELDS, LocalConfig
+from meshfl.app.local.dashboard import linger, start_dashboard
+from meshfl.app.local.fleet import Churn, device_name, start_links
+from meshfl.app.local.inprocess import check_in_process_options, coordinator_tuning, start_fleets
+from meshfl.app.local.lab.chaos import ChaosFleet
+from meshfl.app.local.lab.process_faults import ProcessFaults, broker_faults
+from meshfl.app.local.lab.shaping import ShapingProxy
+from meshfl.app.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
+from meshfl.app.local.onnx_report import report_section
+from meshfl.app.local.processes import Child, Supervisor, free_port, wait_for_port
+from meshfl.app.local.report import (
+    add_unmixed,
+    build_report,
+    ledger_section,
+    unmixed_by_device,
+    write_report,
+)
+from meshfl.app.local.secure_broker import (
+    SECURITY_LINE,
+    SecureBroker,
+    check_secure_options,
+    rejection_totals,
+    start_secure_broker,
+)
+from meshfl.app.local.validation import topology_fields, validate
+from meshfl.app.local.zygote import Zygote, zygote_enabled
+from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
+from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
+
+if TYPE_CHECKING:
+    from broker.bridge import BridgedBrokers
+    from broker.mosquitto import MosquittoProcess
+
+__all__ = ["LocalConfig", "LocalRun", "run_local", "validate"]
+
+
+@dataclass
+class LocalRun:
+    """What a local run produced: the report (as written to ``report.json``) and paths."""
+
+    report: dict[str, Any]
+    report_path: Path
+    plot_path: Path | None
+    failed_agents: dict[str, str] = field(default_factory=dict)
+
+
+def run_local(
+    config: LocalConfig,
+    on_round: RoundHook | None = None,
+    show: Callable[[list[RoundSummary]], None] | None = None,
+    notify: Callable[[str], None] | None = None,
+    on_report: Callable[[LocalRun], None] | None = None,
+    on_enrolled: Callable[[], None] | None = None,
+) -> LocalRun:
+    """Run one job on a local fleet and return its report.
+
+    Parameters
+    ----------
+    config
+        The run's options.
+    on_round
+        Called once per new round summary with the supervisor (tests use it to kill an
+        agent mid-run).
+    show
+        Called with all round summaries whenever a new one arrives (the live table).
+    notify
+        Called with one line per fleet event: an agent joining or killed
+        (``join_at``/``kill``), a new topology version, the dashboard's login link.
+    on_report
+        Called once ``report.json`` is written, while the broker and the coordinator
+        still run (before the ``dashboard_linger_s`` wait); not on failure or Ctrl-C.
+    on_enrolled
+        Called once every agent has enrolled and reported its profile (its link probed
+        through the broker), just before the job is created: start-up traffic ends there.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        Bad options or data.
+    meshfl.errors.MeshflError
+        A part of the fleet failed; the message names it.
+
+    """
+    validate(config)
+    check_secure_options(config)
+    check_bridged_options(config)
+    check_in_process_options(config)
+    out = config.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".meshfl-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out} is not a writable directory ({exc.strerror}); choose another"
+        ) from None
+    # The agents' zygote imports torch while the data is cut and the servers start.
+    zygote = Zygote(out / "logs") if zygote_enabled() else None
+    try:
+        device_files, test_file = _prepare_data(config)
+        spec = _job_spec(config, test_file)
+        _check_codec_policy(spec)
+    except BaseException:
+        if zygote is not None:
+            zygote.stop()
+        raise
+    supervisor = Supervisor(out / "logs", zygote=zygote)
+    started = time.monotonic()
+    hooks = Hooks(on_round, show, notify)
+    say = notify or (lambda line: None)
+    admin: AdminClient | None = None
+    proxies: dict[str, ShapingProxy] = {}
+    chaos: ChaosFleet | None = None
+    secure: SecureBroker | None = None
+    mosquitto: MosquittoProcess | None = None  # the run's own, for --chaos broker=...
+    bridged: BridgedBrokers | None = None  # --brokers N > 1
+    try:
+        if config.brokers > 1:
+            bridged = start_bridged(out, config.brokers)
+            broker_url = bridged.url_for(0)
+        elif config.secure:
+            secure = start_secure_broker(out)
+            broker_url = secure.url
+            say(SECURITY_LINE)
+        elif config.broker is None and broker_faults(config.chaos):
+            mosquitto = _start_mosquitto(out)
+            broker_url = mosquitto.url
+        else:
+            broker_url = config.broker or _start_broker(supervisor)
+        proxies = start_links(config, broker_url)
+        if config.chaos:
+            chaos = ChaosFleet.start(config, broker_url, proxies)
+            hooks.on_round = chaos.wrap(hooks.on_round, say)
+        enrol_token = secrets.token_urlsafe(16)
+        url, admin = _start_coordinator(
+            supervisor, out, broker_url, enrol_token,
+            [*([] if secure is None else secure.coordinator_args()),
+             "--log-format", config.log_format],
+            **coordinator_tuning(config), ca_file=None if secure is None else secure.ca_file,
+        )  # fmt: skip
+        pin = [] if secure is None else ["--coordinator-ca", str(secure.ca_file)]  # HTTPS
+        say(f"broker {broker_url}, coordinator {url}; starting {config.agents} agents")
+        dashboard = start_dashboard(admin, config.open_browser, say) if config.dashboard else None
+        slow = {device_name(name, "--slow"): factor for name, factor in config.slow}
+
+        def start_agent(name: str) -> Child:
+            proxy = proxies.get(name)
+            port = None if proxy is None else proxy.port
+            if chaos is not None and name in chaos.proxies:  # in front of the shaping proxy
+                port = chaos.port(name)
+            broker = [] if port is None else ["--broker", f"mqtt://127.0.0.1:{port}"]
+            if bridged is not None:  # no proxies then: device-i on broker i mod N
+                broker = ["--broker", bridged.url_for(int(name.split("-")[1]))]
+            slowdown = [] if name not in slow else ["--slowdown", repr(slow[name])]
+            return supervisor.start(
+                name,
+                [
+                    "agent", "run", "--coordinator", url, "--token", enrol_token,
+                    "--data", str(device_files[int(name.split("-")[1])]), "--name", name,
+                    "--out", str(out / "models"), "--once",
+                    "--label-column", config.label_column, *broker, *slowdown,
+                    "--log-format", config.log_format, *pin,
+                    # the factory the user passed meshfl local is the user's own code
+                    *(["--allow-model", config.model] if ":" in config.model else []),
+                ],
+            )  # fmt: skip
+
+        if config.in_process:
+            start_fleets(supervisor, config, url, enrol_token, device_files, extra=pin)
+        for i in range(0 if config.in_process else config.agents):
+            start_agent(f"device-{i}")
+        _wait_for_enrolment(admin, supervisor, config.agents, secure)
+        if on_enrolled is not None:
+            on_enrolled()
+        job = admin.create_job(spec)
+        job = admin.start_job(job["job_id"])
+        say(f"{config.agents} agents enrolled; job {job['job_id']} started")
+        churn = Churn(config, start_agent)
+        if chaos is not None and chaos.spec.processes:
+            chaos.processes = ProcessFaults(
+                chaos.spec.processes,
+                supervisor,
+                mosquitto,
+                lambda: _coordinator_up(supervisor, url),
+            )
+        faults = None if chaos is None else chaos.processes
+        try:
+            final_job, rounds, failed = monitor(
+                admin, supervisor, job, config, hooks, churn, faults
+            )
+        except KeyboardInterrupt:
+            raise _interrupted(
+                config, admin, job, started, churn, proxies, dashboard, chaos
+            ) from None
+        except MeshflError:
+            if secure is not None:
+                secure.check()  # a dead broker is the cause: say so
+            raise
+        declined = [d for d in final_job["devices"] if d["error"]]
+        if not rounds and declined:
+            raise MeshflError(
+                f"no round completed: {declined[0]['name']} declined the job"
+                f" ({declined[0]['error']})"
+            )
+        if not rounds and failed:
+            name, why = next(iter(failed.items()))
+            raise MeshflError(f"no round completed: agent {name} failed ({why})")
+        report = build_report(
+            config, final_job, rounds, time.monotonic() - started, failed,
+            topology=admin.topology(job["job_id"]), churn=churn.events, links=proxies,
+            profiles={d["device_id"]: d["profile"] for d in admin.devices()},
+            device_reports=admin.reports(job["job_id"]), dashboard_url=dashboard,
+        )  # fmt: skip
+        report["security"] = _security_section(admin, final_job, spec, secure)
+        report["chaos"] = None if chaos is None else chaos.report()
+        report["ledger"] = _ledger(admin, job["job_id"])
+        unmixed = _unmixed(admin, final_job)
+        report["ledger"]["unmixed"] = None if unmixed is None else _total(unmixed)
+        if unmixed is not None:
+            add_unmixed(report, unmixed)
+        if bridged is not None:
+            report["brokers"] = brokers_section(bridged, config.agents + len(config.join_at))
+        say("job ended; fetching the consensus model and checking the ONNX exports")
+        report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
+        published = report["artifacts"].get("path")
+        report["onnx"] = report_section(
+            final_job, spec, test_file, out, failed, None if published is None else Path(published),
+            supervisor.zygote,
+            private=None if spec["publish_model"] else PRIVATE_CONSENSUS,  # no un-noised model
+        )  # fmt: skip
+        report_path, plot_path = write_report(out, report)
+        result = LocalRun(report, report_path, plot_path, failed)
+        if on_report is not None:
+            on_report(result)
+        if dashboard is not None:
+            linger(config.dashboard_linger_s, dashboard, supervisor, say)
+    finally:
+        if admin is not None:
+            admin.close()
+        supervisor.stop_all()
+        for proxy in proxies.values():
+            proxy.stop()
+        if chaos is not None:
+            chaos.stop()
+        if secure is not None:
+            secure.stop()
+        if mosquitto is not None:
+            mosquitto.stop()
+        if bridged is not None:
+            bridged.stop()
+    return result
+
+
+PRIVATE_CONSENSUS = (
+    "not built: in a private job (DP or secure aggregation) the devices' un-noised final"
+    " models stay on the devices; each device's own model is in its --out folder"
+)
+"""Why a private local run has no consensus model (the report's ``onnx.consensus.error``)."""
+
+
+def _security_section(
+    admin: AdminClient, job: JobPublic, spec: JobSpec, secure: SecureBroker | None
+) -> dict[str, Any]:
+    """The report's ``security`` section: what was on, and the refused envelopes summed."""
+    section: dict[str, Any] = {
+        "secure": secure is not None,
+        "broker": "mosquitto" if secure is not None else None,
+        "tls": secure is not None,
+        "broker_logins": secure is not None,
+        "acl": secure is not None,
+        "signed_deltas": bool(spec.get("signed_deltas", True)),
+        "broker_dir": None if secure is None else str(secure.directory),
+    }
+    devices = [d["device_id"] for d in job["devices"]]
+    try:
+        section["rejected"] = rejection_totals(admin, job["job_id"], devices)
+    except MeshflError as exc:  # never lose the run's report over this
+        section["rejected"] = {"error": str(exc)}
+    return section
+
+
+def _ledger(admin: AdminClient, job_id: str) -> dict[str, Any]:
+    """The report's ``ledger`` section, or ``{"error": why}`` (the report is never lost)."""
+    try:
+        return ledger_section(admin.ledger(job_id))
+    except MeshflError as exc:
+        return {"error": str(exc)}
+
+
+def _unmixed(admin: AdminClient, job: JobPublic) -> dict[str, dict[int, int]] | None:
+    """Neighbours left out of a round's mixing, per device left out and round.
+
+    ``RoundMetrics.missing`` of every report (:func:`unmixed_by_device`); None if the
+    coordinator could not be read. Losses the ledger cannot see show here: a neighbour's
+    message that never came before the round went on without it.
+    """
+    try:
+        metrics = {
+            d["device_id"]: admin.device_metrics(job["job_id"], d["device_id"])
+            for d in job["devices"]
+        }
+    except MeshflError:
+        return None
+    return unmixed_by_device(metrics)
+
+
+def _total(unmixed: dict[str, dict[int, int]]) -> int:
+    return sum(sum(rounds.values()) for rounds in unmixed.values())
+
+
+def _artifacts(admin: AdminClient, job_id: str, path: Path) -> dict[str, Any]:
+    """The coordinator's model artifacts; its consensus model saved as ``path``.
+
+    Returns the ``GET /jobs/{id}/artifacts`` listing plus the saved ``path``, or
+    ``{"error": why}``: a failure here never loses the run's report.
+    """
+    try:
+        listing: dict[str, Any] = dict(admin.artifacts(job_id))
+        consensus = listing.get("consensus")
+        if consensus is not None and consensus["sha256"] is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(admin.download(f"/jobs/{job_id}/artifacts/consensus.onnx"))
+            listing["path"] = str(path)
+        return listing
+    except (MeshflError, OSError) as exc:
+        return {"error": str(exc)}
+
+
+def _interrupted(
+    config: LocalConfig,
+    admin: AdminClient,
+    job: JobPublic,
+    started: float,
+    churn: Churn,
+    proxies: dict[str, ShapingProxy],
+    dashboard: str | None,
+    chaos: ChaosFleet | None = None,
+) -> Interrupted:
+    """Stop the job, write the partial report, and say so (the caller stops the processes).
+
+    ``dashboard`` is the dashboard's URL without its token (``None``: no ``--dashboard``);
+    ``chaos`` the run's fault proxies (``None``: no ``--chaos``). The partial report has
+    the same ``chaos`` and ``ledger`` sections as a finished one, as far as they got.
+    """
+    try:
+        final_job = admin.stop_job(job["job_id"])
+        rounds = admin.rounds(job["job_id"])
+        topology = admin.topology(job["job_id"])
+    except MeshflError:
+        return Interrupted("interrupted; every process of the run was stopped")
+    report = build_report(
+        config, final_job, rounds, time.monotonic() - started, {},
+        topology=topology, churn=churn.events, links=proxies, dashboard_url=dashboard,
+    )  # fmt: skip
+    report["status"] = "interrupted"
+    report["chaos"] = None if chaos is None else chaos.report()
+    report["ledger"] = _ledger(admin, job["job_id"])
+    path, _ = write_report(config.out, report)
+    return Interrupted(
+        f"interrupted after round {len(rounds)}; every process of the run was stopped;"
+        f" partial report in {path}"
+    )
+
+
+def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
+    """Partition the training set over the agents and the ``join_at`` joiners, in order."""
+    from models.builtin import BUILTIN_DATASETS, load_split
+    from models.datasets import dirichlet_partition, write_partition
+
+    devices = config.agents + len(config.join_at)
+    split = load_split(
+        config.dataset, config.seed, n_devices=devices, label_column=config.label_column
+    )
+    if config.dataset not in BUILTIN_DATASETS:
+        path = Path(config.dataset)
+        _check_labels(path, split.x_train, np.concatenate([split.y_train, split.y_test]))
+    parts = dirichlet_partition(split.y_train, devices, config.alpha, config.seed)
+    empty = [i for i, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise ConfigError(
+            f"the Dirichlet(α={config.alpha}) partition left device(s) {empty} without data;"
+            " use fewer --agents, a larger --alpha or another --seed"
+        )
+    files, test_file = write_partition(config.out / "data", split, parts)
+    return list(files), test_file
+
+
+MAX_CLASSES = 100_000
+
+
+def _check_labels(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    """A user dataset must have features and labels 0..K-1 with 2 <= K <= MAX_CLASSES."""
+    if x.shape[1] == 0:
+        raise DataError(f"{path}: no feature columns; add features besides the label")
+    classes = np.unique(y)
+    if len(classes) < 2:
+        raise DataError(f"{path}: only one class ({classes[0]}); a classifier needs two or more")
+    if int(classes[-1]) >= MAX_CLASSES or int(classes[-1]) >= 10 * len(classes):
+        raise DataError(
+            f"{path}: labels go up to {int(classes[-1])} for {len(classes)} classes; number"
+            " the classes 0..K-1"
+        )
+
+
+def _check_codec_policy(spec: JobSpec) -> None:
+    """Refuse a byte budget that cannot work for the job's model before agents decline it."""
+    if not spec.get("byte_budget"):
+        return
+    from meshfl.codecs import CodecPolicy, parse_codec
+    from models.arrays import to_arrays
+    from models.zoo import build_model
+
+    layout = [(k, tuple(v.shape)) for k, v in to_arrays(build_model(spec["model"], 0)).items()]
+    try:
+        CodecPolicy.from_options(
+            parse_codec(spec["codec"]), layout, spec.get("dense_below", 0), spec["byte_budget"]
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"--byte-budget {spec['byte_budget']}: {exc}") from None
+
+
+def _start_broker(supervisor: Supervisor) -> str:
+    port = free_port()
+    child = supervisor.start("broker", ["broker", "serve", "--port", str(port)])
+    try:
+        wait_for_port("127.0.0.1", port, 30.0, alive=child)
+    except MeshflError as exc:
+        raise MeshflError(f"the embedded broker failed to start: {exc}") from None
+    return f"mqtt://127.0.0.1:{port}"
+
+
+def _start_mosquitto(out: Path) -> MosquittoProcess:
+    """Start the run's own Mosquitto in ``out/broker`` (anonymous, loopback, persistence)."""
+    from broker.mosquitto import MosquittoProcess
+
+    workdir = (out / "broker").resolve()
+    if workdir.exists():  # a previous run's sessions must not come back
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    process = MosquittoProcess(workdir=workdir, start_timeout_s=30.0)
+    try:
+        process.start()
+    except ConfigError:
+        raise
+    except MeshflError as exc:
+        raise MeshflError(f"the Mosquitto broker failed to start: {exc}") from None
+    return process
+
+
+def _coordinator_up(supervisor: Supervisor, url: str) -> None:
+    """Wait until the restarted coordinator at ``url`` listens again."""
+    child = supervisor.child("coordinator")
+    port = int(url.rsplit(":", 1)[1])
+    wait_for_port("127.0.0.1", port, 60.0, alive=child)
+
+
+def _start_coordinator(
+    supervisor: Supervisor,
+    out: Path,
+    broker_url: str,
+    enrol_token: str,
+    extra: list[str],
+    env: dict[str, str] | None = None,
+    admin_timeout_s: float = 10.0,
+    ca_file: Path | None = None,
+) -> tuple[str, AdminClient]:
+    admin_token = secrets.token_urlsafe(16)
+    port = free_port()
+    db = out / "coordinator.db"
+    db.unlink(missing_ok=True)
+    child = supervisor.start(
+        "coordinator",
+        [
+            "coordinator", "serve", "--port", str(port), "--db", f"sqlite:///{db}",
+            "--broker-url", broker_url, "--enrol-token", enrol_token,
+            "--admin-token", admin_token, *extra,
+        ],
+        # One user on loopback: agents enrol all at once and the monitor polls per device.
+        env={
+            **{f"MESHFL_COORDINATOR_RATE_LIMIT_{who}": "" for who in ("ENROL", "OPERATOR")},
+            **(env or {}),
+        },
+    )  # fmt: skip
+    try:
+        wait_for_port("127.0.0.1", port, 60.0, alive=child)
+    except MeshflError as exc:
+        raise MeshflError(f"the coordinator failed to start: {exc}") from None
+    url = f"{'http' if ca_file is None else 'https'}://127.0.0.1:{port}"  # ca_file: TLS
+    return url, AdminClient(url, admin_token, timeout_s=admin_timeout_s, ca_file=ca_file)
+
+
+def _wait_for_enrolment(
+    admin: AdminClient, supervisor: Supervisor, n: int, secure: SecureBroker | None
+) -> None:
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        check_servers(supervisor)
+        if secure is not None:
+            secure.check()
+        for child in agents(supervisor):
+            if child.returncode is not None:
+                raise MeshflError(f"agent {child.name} failed at start-up: {child.last_line()}")
+        # Ready: enrolled and reported its measured profile (the planner's input).
+        if sum("train_samples_per_s" in d["profile"] for d in admin.devices()) >= n:
+            return
+        time.sleep(0.2)
+    raise MeshflError(f"only {len(admin.devices())} of {n} agents enrolled within 120 s")
+
+
+def _model_spec(config: LocalConfig, input_dim: int, classes: int) -> ModelSpec:
+    """The job's model; a user model is built here once to refuse it early and hash it."""
+    from meshfl.modelspec import from_options, is_custom
+
+    spec = from_options(
+        config.model,
+        input_dim,
+        classes,
+        hidden=None if config.hidden is None else list(config.hidden),
+        image_shape=None if config.image_shape is None else list(config.image_shape),
+        kwargs=config.model_kwargs,
+    )
+    if is_custom(spec):  # the coordinator cannot hash it: the spec must carry its hash
+        from models.arrays import spec_hash
+        from models.zoo import build_model
+
+        spec["hash"] = spec_hash(build_model(spec, config.seed))
+    return spec
+
+
+def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
+    from models.data import load_dataset_file
+
+    x, y = load_dataset_file(test_file)
+    classes = int(y.max()) + 1  # the stratified test set holds every class
+    if config.dataset in ("digits", "mnist1d"):
+        classes = 10
+    spec: JobSpec = {
+        "name": f"local-{Path(config.dataset).stem}",
+        "model": _model_spec(config, int(x.shape[1]), classes),
+        "algorithm": config.algorithm,  # type: ignore[typeddict-item]
+        "codec": config.codec,
+        "topology": config.topology,  # replaced below
+        "rounds": config.rounds,
+        "learning_rate": config.learning_rate,
+        "local_momentum": config.local_momentum,
+        "batch_size": config.batch_size,
+        "local_epochs": config.local_epochs,
+        "consensus_step": config.consensus_step,
+        "round_deadline_s": config.round_deadline_s,
+        "max_payload_bytes": config.max_payload_bytes,
+        "seed": config.seed if config.model_seed is None else config.model_seed,
+        "devices": config.agents,
+        "test_data": str(test_file.resolve()),
+        "sketch_dim": config.sketch_dim,
+        "keyframe_growth": config.keyframe_growth,
+        "dense_below": config.dense_below,
+        "byte_budget": config.byte_budget,
+        # Agents upload model.onnx and the coordinator averages them — except in a private
+        # job, whose devices release nothing but what DP / secure aggregation protects.
+        "publish_model": not (config.dp_noise_multiplier > 0 or config.secure_aggregation > 0),
+    }  # fmt: skip
+    spec.update(topology_fields(config.topology))  # type: ignore[typeddict-item]
+    # The issue-4 keys go in only when they differ from the contract's defaults.
+    optional: dict[str, Any] = {
+        "topology_degree": config.topology_degree,
+        "topology_probability": config.topology_probability,
+        "topology_seed": config.topology_seed,
+        "mixing": config.mixing,
+        "mode": config.mode,
+        "staleness": config.staleness,
+        "quorum": config.quorum,
+        "plan": config.plan,
+        "uplink_budget_s": config.uplink_budget_s,
+        "min_battery_percent": config.min_battery_percent,
+        "elastic": config.elastic or bool(config.join_at),
+        **{key: getattr(config, key) for key in PRIVACY_FIELDS},
+    }
+    for key, value in optional.items():
+        if value != getattr(DEFAULTS, key) and value is not None:
+            spec[key] = value  # type: ignore[literal-required]
+    return spec

@@ -1,0 +1,247 @@
+"""The zygote's side of :mod:`meshfl.app.local.zygote`: preload, then fork a child per request.
+
+Run as ``python -m meshfl.app.local.zygote_server SOCKET`` by
+:class:`~meshfl.app.local.zygote.Zygote`.
+The protocol, the fork-safety rules and what a child inherits are in that module's
+docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PRELOAD", "first_draws", "main", "serve"]
+
+PRELOAD = (
+    "numpy",
+    "torch",
+    "paho.mqtt.client",
+    "meshfl.app.cli",
+    "meshfl.app.cli.agent",
+    "edge_agent.daemon",
+    "edge_agent.job",
+    "edge_agent.trainer",
+    "edge_agent.probe",
+    "edge_agent.netprobe",
+    "edge_agent.fleet",
+    "edge_agent.transport.mqtt",
+    "edge_agent.secagg.crypto",
+    "models.zoo",
+    "models.data",
+    "models.onnx",
+    "onnx",
+    "torch.onnx",
+    "typer._adapters",  # typer parses options through pydantic: seconds on a loaded machine
+)
+"""Modules the zygote imports once: what ``meshfl agent run`` imports over a job. The
+end-of-job ONNX export runs in a short child of the agent (:func:`models.onnx.export_checked`)
+that imports onnxruntime itself: onnxruntime starts a thread at import, which a zygote must
+not have. ``onnx`` alone takes seconds to import (``ml_dtypes``)."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+    append: bool
+    call: str | None = None  # "module:function", called with ``kwargs`` instead of the CLI
+    kwargs: dict[str, Any] | None = None
+    result: str | None = None  # where a call's JSON result is written
+
+
+PRELOADED_COMMANDS = ("agent",)
+"""CLI sub-commands built once in the zygote (:func:`meshfl.app.cli.load_command`)."""
+
+
+def _preload() -> None:
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # an extra not installed: the child imports what it needs
+            print(f"zygote: not preloaded: {name} ({exc})", flush=True)
+    from meshfl.app.cli import load_command
+
+    for name in PRELOADED_COMMANDS:  # typer builds a command from its signature: once
+        load_command(name)
+
+
+def _read_request(conn: socket.socket) -> _Request:
+    conn.settimeout(10.0)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ValueError("the connection closed before a whole request")
+        data += chunk
+    conn.settimeout(None)
+    raw: dict[str, Any] = json.loads(data)
+    return _Request(
+        [str(a) for a in raw["args"]],
+        {str(k): str(v) for k, v in raw["env"].items()},
+        str(raw["cwd"]),
+        str(raw["log"]),
+        bool(raw.get("append", False)),
+        None if raw.get("call") is None else str(raw["call"]),
+        raw.get("kwargs"),
+        None if raw.get("result") is None else str(raw["result"]),
+    )
+
+
+def serve(path: str) -> _Request | None:
+    """Preload, then fork one child per request until stdin closes.
+
+    Returns None in the zygote when it is told to stop; in a forked child, the child's
+    request (the caller runs it once the server's state is closed).
+    """
+    _preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    waiting: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    print(f"zygote {os.getpid()}: preloaded {len(PRELOAD)} modules; listening", flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.data == "stdin":
+                if not os.read(sys.stdin.fileno(), 4096):
+                    return None  # the launcher closed our stdin, or died
+            elif key.data == "accept":
+                conn, _ = listener.accept()
+                try:
+                    request = _read_request(conn)
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    with contextlib.suppress(OSError):
+                        conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
+                    conn.close()
+                    continue
+                if threading.active_count() != 1:  # never fork a process with threads
+                    with contextlib.suppress(OSError):
+                        conn.sendall(b'{"error": "the zygote has threads; it cannot fork"}\n')
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:  # the child: drop the server's descriptors, run the request
+                    sel.close()
+                    listener.close()
+                    for pidfd, (_, other) in waiting.items():
+                        os.close(pidfd)
+                        other.close()
+                    conn.close()
+                    return request
+                pidfd = os.pidfd_open(pid)
+                waiting[pidfd] = (pid, conn)
+                sel.register(pidfd, selectors.EVENT_READ, "exit")
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            else:  # a child ended
+                pidfd = key.fd
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                pid, conn = waiting.pop(pidfd)
+                _, status = os.waitpid(pid, 0)
+                code = os.waitstatus_to_exitcode(status)
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
+                conn.close()
+
+
+def _become(request: _Request) -> None:
+    """Turn this forked child into the process ``python -m meshfl ARGS`` would be."""
+    os.setsid()
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request.append else os.O_TRUNC)
+    log = os.open(request.log, flags, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(request.env)
+    os.chdir(request.cwd)
+    sys.argv = ["meshfl", *request.args]
+    _reseed()
+
+
+def _reseed() -> None:
+    """Give the child the random state a freshly started process has."""
+    if "numpy" in sys.modules:
+        import numpy as np
+
+        np.random.seed()  # legacy global generator: fresh OS entropy, as at start-up
+    if "torch" in sys.modules:
+        import torch
+
+        torch.seed()  # a fresh process seeds torch's default generator from the OS
+
+
+def first_draws() -> dict[str, float]:
+    """The first draw of Python's, numpy's and torch's global generators in this process.
+
+    Called in forked children (:meth:`meshfl.app.local.zygote.Zygote.call`) to check that each
+    starts with the random state a fresh process has.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    return {
+        "random": random.random(),
+        "numpy": float(np.random.random()),
+        "torch": float(torch.rand(1).item()),
+    }
+
+
+def main(argv: list[str]) -> int:
+    """``python -m meshfl.app.local.zygote SOCKET``: serve; in a child, run its command."""
+    request = serve(argv[0])
+    if request is None:  # told to stop: nothing to finalise, and torch's teardown is slow
+        sys.stdout.flush()
+        os._exit(0)
+    _become(request)
+    if request.call is not None:
+        return _run_call(request)
+    from meshfl.app.cli import main as meshfl_main
+
+    try:
+        meshfl_main(request.args)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_call(request: _Request) -> int:
+    """Call ``module:function(**kwargs)``; write its JSON result to ``request.result``."""
+    assert request.call is not None and request.result is not None
+    module, _, name = request.call.partition(":")
+    function = getattr(importlib.import_module(module), name)
+    value = function(**(request.kwargs or {}))
+    data = json.dumps(value, allow_nan=True).encode()
+    partial = Path(request.result + ".partial")
+    partial.write_bytes(data)
+    partial.replace(request.result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
