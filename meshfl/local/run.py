@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
+from meshfl.contract import MAX_CLASSES, JobPublic, JobSpec, ModelSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 from meshfl.local.admin import AdminClient
 from meshfl.local.bridged import brokers_section, check_bridged_options, start_bridged
@@ -408,9 +408,6 @@ def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
         )
     files, test_file = write_partition(config.out / "data", split, parts)
     return list(files), test_file
-
-
-MAX_CLASSES = 100_000
 
 
 def _check_labels(path: Path, x: np.ndarray, y: np.ndarray) -> None:
