@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.engine import GossipEngine
+from edge_agent.final_model import publish_model, save_and_export
 from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
-from edge_agent.resume import Resumer, save_final_model
+from edge_agent.resume import Resumer
 from edge_agent.secure_engine import SecureEngine
 from edge_agent.secure_job import build_secure_engine
 from edge_agent.signing import Signer, Verifier
@@ -37,7 +38,6 @@ from meshfl.errors import (
     CoordinatorError,
     CoordinatorUnreachable,
     DataError,
-    MeshflError,
 )
 from meshfl.modelspec import check_allowed, check_hash, confine_path
 from meshfl.pathids import path_id
@@ -53,29 +53,6 @@ log = logging.getLogger("meshfl.agent.job")
 
 _MIN_REFRESH_S = 60.0
 """The capability profile is re-measured (link, battery) at most this often while running."""
-
-
-def _export_onnx(
-    trainer: Trainer, path: Path, x_test: np.ndarray
-) -> tuple[str | None, float | None]:
-    """Export the final model to ONNX and check parity; (None, None) if that fails.
-
-    A failed export costs only the ONNX file: ``model.pt``/``model.npz`` are already
-    written, and the done report still goes out (with nulls).
-    """
-    from models.onnx import PARITY_TOLERANCE
-
-    try:
-        diff = trainer.export_onnx(path, x_test)
-    except Exception as error:  # any exporter/onnxruntime failure: keep the job's result
-        log.warning("ONNX export of the final model failed (%s: %s)", type(error).__name__, error)
-        return None, None
-    if diff is not None and not math.isfinite(diff):
-        log.warning("the ONNX model's logits are not finite; parity not reported")
-        diff = None
-    elif diff is not None and diff > PARITY_TOLERANCE:
-        log.warning("ONNX parity %.3g exceeds %g", diff, PARITY_TOLERANCE)
-    return str(path.resolve()), diff
 
 
 class JobRunner:
@@ -398,14 +375,10 @@ class JobRunner:
         finally:
             reporter.close()
         path = self.config.out / self.job_id / self.config.name / "model.pt"  # checked ids
-        model_path = save_final_model(trainer, path)
-        onnx_path, onnx_diff = (
-            _export_onnx(trainer, path.with_name("model.onnx"), x_test)
-            if model_path
-            else (None, None)
-        )
+        model_path, onnx_path, onnx_diff = save_and_export(trainer, path, x_test)
         if spec.get("publish_model") and onnx_path is not None and not self.privacy.private:
-            self._publish(Path(onnx_path))  # before done: a completed job has every model
+            # before done: a completed job has every model
+            publish_model(self.client, self.job_id, self.device_id, Path(onnx_path))
         # Done first: a flush on a slow link can take seconds, and the coordinator takes
         # a participant silent that long after the others finished for a dead one.
         self.client.post_done(
@@ -467,21 +440,6 @@ class JobRunner:
                 " enrol it again with `meshfl agent run --token ...`"
             )
         return Signer(self.identity), Verifier(self.assignment.get("peer_keys", {}))
-
-    def _publish(self, path: Path) -> None:
-        """Upload the final ``model.onnx`` (a ``publish_model`` job); never raises.
-
-        Transient failures are retried with backoff for the client's ``retry_s``; a
-        refusal (too large, not ONNX) or an unreachable coordinator is logged: the model
-        stays on the device and the job's result is unaffected.
-        """
-        try:
-            reply = self.client.put_model(self.job_id, self.device_id, path.read_bytes())
-        except (MeshflError, OSError) as exc:
-            log.error("could not publish %s to the coordinator: %s", path, exc)
-            return
-        log.info("published %s (%d bytes, sha256 %s)", path, reply["size_bytes"] or 0,
-                 (reply["sha256"] or "")[:12])  # fmt: skip
 
     def _switch(self, engine: GossipEngine, topo: TopologyVersion, round_: int) -> TopologyVersion:
         """Track every known version's peers early; switch to the newest one in force."""

@@ -1,4 +1,4 @@
-"""The MQTT transport over paho-mqtt 2.x: the only module of edge_agent that imports paho.
+"""The MQTT transport over paho-mqtt 2.x (with its helpers, the only paho code in edge_agent).
 
 Connection policy (see ``docs/brokers.md``):
 
@@ -34,9 +34,7 @@ Connection policy (see ``docs/brokers.md``):
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,15 +42,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edge_agent.transport.address import parse_broker_address, tls_context
 from edge_agent.transport.backoff import Backoff
 from edge_agent.transport.base import Message, Transport, log
 from edge_agent.transport.limits import BrokerLimits, inflight_cap, payload_limit
+from edge_agent.transport.mqtt_options import (
+    MAX_INFLIGHT,
+    new_client,
+    no_delay,
+    resubscribe_options,
+    set_inflight,
+)
 from edge_agent.transport.refusals import (
     BAD_LOGIN,
     Reason,
@@ -74,40 +78,10 @@ class SessionTakenOver(TransportError):
 
 __all__ = ["MqttTransport"]
 
-_MAX_INFLIGHT = 20  # QoS 1 messages awaiting PUBACK; more are queued in paho, unbounded
 _Callback = TypeVar("_Callback", bound=Callable[..., Any])
 
 LOGIN_RETRY_S = 1.0
 """Seconds before the one retry of a refused first login (see :meth:`MqttTransport.connect`)."""
-
-
-def _no_delay(client: paho.Client) -> None:
-    """Turn Nagle's algorithm off on the client's socket.
-
-    Small QoS 1 messages otherwise wait ~40 ms each for the peer's delayed ACK (measured
-    on loopback: RTT 44 ms with Nagle, 0.1-0.3 ms without).
-    """
-    sock = client.socket()
-    if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _set_inflight(client: paho.Client, cap: int) -> None:
-    """Set paho's QoS 1 in-flight window to ``cap`` (> 0) from ``on_connect``.
-
-    paho's public setter refuses any change once the socket is open, and the broker's
-    Receive Maximum is only known from its CONNACK, so this writes the attribute the setter
-    guards. It is safe there: paho re-sends unacknowledged messages only after
-    ``on_connect`` returns, and its own worry (a change between 0, "unlimited", and a
-    positive window) cannot arise since ``cap`` is always positive.
-    """
-    client._max_inflight_messages = max(1, cap)
-
-
-def _resubscribe_options(qos: int) -> SubscribeOptions:
-    """MQTT 5 options of a subscription renewed in a resumed session (no retained repeat)."""
-    return SubscribeOptions(qos=qos, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
 
 
 def _error_text(rc: MQTTErrorCode | int) -> str:
@@ -238,28 +212,20 @@ class MqttTransport(Transport):
     def _connect_once(self, client_id: str, will: Message | None) -> None:
         self._protocol = probe_protocol(self.host, self.port, self.connect_timeout_s, self._tls)
         v5 = self._protocol == "MQTTv5"
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
-            clean_session=None if v5 else False,
+        client = new_client(  # reconnect delays replaced before each wait (_schedule_reconnect)
+            client_id,
+            v5=v5,
+            tls=self._tls,
+            username=self._username,
+            password=self._password,
+            connect_timeout_s=self.connect_timeout_s,
+            reconnect_min_s=self.reconnect_min_s,
+            reconnect_max_s=self.reconnect_max_s,
+            will=will,
         )
         self._client_id = client_id
         self._fatal = self._denied = self._refused = None
-        if self._tls is not None:
-            client.tls_set_context(self._tls)
-        if self._username:
-            client.username_pw_set(self._username, self._password)
-        client.connect_timeout = self.connect_timeout_s
-        client.max_inflight_messages_set(_MAX_INFLIGHT)
-        client.max_queued_messages_set(0)
         self.backoff.reset()
-        client.reconnect_delay_set(  # replaced before each wait by _schedule_reconnect
-            self.reconnect_min_s,  # type: ignore[arg-type]  # floats work
-            self.reconnect_max_s,  # type: ignore[arg-type]
-        )
-        if will is not None:
-            client.will_set(will.topic, will.payload, will.qos, retain=True)
         client.suppress_exceptions = True  # paho's own net; ours below also counts and logs
         client.on_connect = self._contained(self._on_connect)
         client.on_connect_fail = self._contained(self._on_connect_fail)
@@ -481,7 +447,7 @@ class MqttTransport(Transport):
     def _on_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
     ) -> None:
-        _no_delay(client)
+        no_delay(client)
         if reason.is_failure:
             self._refused = code_of(reason)
             error = connack_error(reason, self._where, self._client_id, bool(self._username))
@@ -496,7 +462,7 @@ class MqttTransport(Transport):
         self.backoff.reset()
         v5 = self._protocol == "MQTTv5"
         self.limits = BrokerLimits.from_properties(properties if v5 else None)
-        _set_inflight(client, inflight_cap(_MAX_INFLIGHT, self.limits))
+        set_inflight(client, inflight_cap(MAX_INFLIGHT, self.limits))
         resumed = bool(flags.session_present)
         if self._ever_connected:
             self._reconnects += 1
@@ -524,7 +490,7 @@ class MqttTransport(Transport):
             # lacks the subscriptions made after it: subscribe again; retained messages
             # come only for a subscription that was missing (Retain Handling 1).
             for topic_filter, qos in list(self._subscriptions.items()):
-                client.subscribe(topic_filter, options=_resubscribe_options(qos))
+                client.subscribe(topic_filter, options=resubscribe_options(qos))
         self._connected = True
         self._ever_connected = True
         self._first_result.set()
@@ -600,7 +566,7 @@ class MqttTransport(Transport):
         """QoS 1 publishes sent before waiting for PUBACKs: ``min(20, Receive Maximum)``."""
         client = self._client
         if client is None:
-            return inflight_cap(_MAX_INFLIGHT, self.limits)
+            return inflight_cap(MAX_INFLIGHT, self.limits)
         return int(client.max_inflight_messages)
 
     def payload_limit(self, topic: str) -> int | None:

@@ -332,7 +332,7 @@ def test_the_agent_uploads_with_the_digest_and_a_refusal_never_raises(
 ) -> None:
     import httpx
 
-    from edge_agent.job import JobRunner
+    from edge_agent.final_model import publish_model
     from edge_agent.rest import CoordinatorClient
 
     seen: list[httpx.Request] = []
@@ -349,15 +349,13 @@ def test_the_agent_uploads_with_the_digest_and_a_refusal_never_raises(
 
     client = CoordinatorClient("http://c", retry_s=0.0, transport=httpx.MockTransport(handler))
     client.device_token = "device-token"
-    runner = JobRunner.__new__(JobRunner)  # only what _publish uses
-    runner.client, runner.job_id, runner.device_id = client, "job-1", "dev-a"
     path = tmp_path / "model.onnx"
     path.write_bytes(tiny_model(1))
     with caplog.at_level("INFO", logger="meshfl.agent.job"):
-        runner._publish(path)
+        publish_model(client, "job-1", "dev-a", path)
         answer["code"] = 413
-        runner._publish(path)
-        runner._publish(tmp_path / "missing.onnx")
+        publish_model(client, "job-1", "dev-a", path)
+        publish_model(client, "job-1", "dev-a", tmp_path / "missing.onnx")
     request = seen[0]
     assert request.method == "PUT" and request.url.path == "/api/v1/jobs/job-1/devices/dev-a/model"
     assert request.headers["x-content-sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -235,7 +235,7 @@ def test_the_trainer_exports_its_model_with_parity(
 def test_a_failed_export_keeps_the_job_result(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from edge_agent.job import _export_onnx
+    from edge_agent.final_model import export_onnx
 
     trainer = Trainer(w1_like("mlp"), seed=0, learning_rate=0.1, batch_size=32,  # type: ignore[arg-type]
                       local_epochs=1)  # fmt: skip
@@ -244,10 +244,10 @@ def test_a_failed_export_keeps_the_job_result(
     def broken(path: Path, x: np.ndarray | None = None) -> float | None:
         raise RuntimeError("exporter exploded")
 
-    ok_path, ok_diff = _export_onnx(trainer, tmp_path / "model.onnx", x)
+    ok_path, ok_diff = export_onnx(trainer, tmp_path / "model.onnx", x)
     trainer.export_onnx = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="meshfl.agent.job"):
-        bad = _export_onnx(trainer, tmp_path / "other.onnx", x)
+        bad = export_onnx(trainer, tmp_path / "other.onnx", x)
 
     assert ok_path == str((tmp_path / "model.onnx").resolve()) and ok_diff is not None
     assert ok_diff <= 1e-5

@@ -48,7 +48,7 @@ from meshfl.app.local.secure_broker import (
 )
 from meshfl.app.local.validation import topology_fields, validate
 from meshfl.app.local.zygote import Zygote, zygote_enabled
-from meshfl.contract import JobPublic, JobSpec, ModelSpec, RoundSummary
+from meshfl.contract import MAX_CLASSES, JobPublic, JobSpec, ModelSpec, RoundSummary
 from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
 
 if TYPE_CHECKING:
@@ -408,9 +408,6 @@ def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
         )
     files, test_file = write_partition(config.out / "data", split, parts)
     return list(files), test_file
-
-
-MAX_CLASSES = 100_000
 
 
 def _check_labels(path: Path, x: np.ndarray, y: np.ndarray) -> None:
