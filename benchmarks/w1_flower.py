@@ -121,6 +121,10 @@ class PeakRss:
                 except (OSError, StopIteration, Exception):  # it exited meanwhile
                     continue
                 role = next((r for key, r in ROLES if key in cmd), "other")
+                if "zygote_server" in cmd:  # meshfl local's agents are forks of its zygote
+                    parent = proc.parent()
+                    forked = parent is not None and "zygote_server" in " ".join(parent.cmdline())
+                    role = "meshfl agent" if forked else "meshfl zygote"
                 old = self.peaks.get(proc.pid, (role, 0))
                 self.peaks[proc.pid] = (role, max(old[1], hwm * 1024))
             self.stop_event.wait(0.2)
