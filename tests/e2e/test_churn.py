@@ -23,6 +23,7 @@ def test_a_join_and_a_death_both_reach_the_topology_and_the_report(tmp_path: Pat
         slow=tuple((f"device-{i}", 40.0) for i in range(8)),
         round_deadline_s=15.0,
         out=tmp_path / "run",
+        topology="ring",  # the scenario's graph: a join and a death each change two edges
     )
     notes: list[str] = []
 

@@ -178,18 +178,24 @@ def _settled(rounds: list[RoundSummary], job: JobPublic, agents: list[Child]) ->
 
     A round shown before its last report arrives would understate its bytes and
     misstate its accuracy. Expected for round r: the job's devices that take part in r
-    (``joined_round <= r``, and r before ``left_round``) whose agent has not failed.
+    (``joined_round <= r``, and r before ``left_round``) whose agent has not failed and
+    whose report of r the coordinator does not already count missing (a joiner that caught
+    up past its first round never reports it).
     """
     failed = {c.name for c in agents if c.returncode not in (None, 0)}
     spans = [
-        (d.get("joined_round", 1), d.get("left_round"))
+        (d.get("joined_round", 1), d.get("left_round"), set(d.get("missing_rounds", [])))
         for d in job["devices"]
         if d["name"] not in failed
     ]
     settled = []
     for r in rounds:
         n = r["round"]
-        expected = sum(1 for joined, left in spans if joined <= n and (left is None or n < left))
+        expected = sum(  # a round the coordinator already counts missing is not awaited
+            1
+            for joined, left, missing in spans
+            if joined <= n and (left is None or n < left) and n not in missing
+        )
         if r["devices_reporting"] < expected:
             break
         settled.append(r)
