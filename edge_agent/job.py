@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -38,6 +39,7 @@ from meshfl.errors import (
     CoordinatorError,
     CoordinatorUnreachable,
     DataError,
+    MeshflError,
 )
 from meshfl.modelspec import check_allowed, check_hash, confine_path
 from meshfl.pathids import path_id
@@ -108,8 +110,6 @@ class JobRunner:
             self._run(x, y)
 
     def _run(self, x: np.ndarray, y: np.ndarray) -> None:
-        from edge_agent.capability_probe import capability_profile
-        from edge_agent.trainer import Trainer
         from models.data import check_model_fit
 
         spec = self.spec
@@ -124,6 +124,30 @@ class JobRunner:
         x_test, y_test = self._test_data()
         test_path = self.config.test_data or spec.get("test_data") or self.config.data
         check_model_fit(x_test, y_test, spec["model"], test_path)
+        # Polling from here on: a device that sets up (profile, link probe, a joiner's
+        # catch-up) is alive to the coordinator, which takes a silent one for departed.
+        reporter = Reporter(self.client, self.device_id, self.job_id, self.config.poll_s)
+        try:
+            self._setup(reporter, x, y, x_test, y_test)
+        except BaseException:
+            with contextlib.suppress(MeshflError):  # the job's own error is the one to raise
+                reporter.close()
+            raise
+        reporter.close()  # closed after the rounds already: a second close does nothing
+
+    def _setup(
+        self,
+        reporter: Reporter,
+        x: np.ndarray,
+        y: np.ndarray,
+        x_test: np.ndarray,
+        y_test: np.ndarray,
+    ) -> None:
+        """Build the trainer and the engine, measure the profile, and run the job."""
+        from edge_agent.capability_probe import capability_profile
+        from edge_agent.trainer import Trainer
+
+        spec = self.spec
         trainer = Trainer(
             spec["model"],
             seed=spec["seed"],  # every device starts from the same weights
@@ -158,7 +182,7 @@ class JobRunner:
         engine.start()
         self.observer.job_started(self.job_id, engine.queue_depth)
         try:
-            self._start(engine, trainer, topo, x, y, x_test, y_test, profile)
+            self._start(engine, trainer, topo, x, y, x_test, y_test, profile, reporter)
         finally:
             self.observer.job_finished(self.job_id)
 
@@ -172,6 +196,7 @@ class JobRunner:
         x_test: np.ndarray,
         y_test: np.ndarray,
         profile: CapabilityProfile,
+        reporter: Reporter,
     ) -> None:
         """Join (a joiner catches up from keyframes) or wait for neighbours; run the rounds."""
         spec = self.spec
@@ -195,7 +220,7 @@ class JobRunner:
             absent = engine.wait_ready(max(60.0, spec["round_deadline_s"]))
             if absent:
                 log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
-        self._rounds(engine, trainer, topo, round_, x, y, x_test, y_test, profile)
+        self._rounds(engine, trainer, topo, round_, x, y, x_test, y_test, profile, reporter)
 
     def _gossip_engine(
         self, params: dict[str, np.ndarray], topo: TopologyVersion, first_sequence: int = 0
@@ -272,6 +297,7 @@ class JobRunner:
         x_test: np.ndarray,
         y_test: np.ndarray,
         profile: CapabilityProfile,
+        reporter: Reporter,
     ) -> None:
         spec = self.spec
         refresh_s = self.config.profile_refresh_s
@@ -284,7 +310,6 @@ class JobRunner:
         self.plan = self.assignment["plan"]
         async_mode = spec.get("mode", "sync") == "async"
         # Reports go out on the reporter's thread: no round waits for the coordinator.
-        reporter = Reporter(self.client, self.device_id, self.job_id, self.config.poll_s)
         for report in self.resume.unposted:  # maybe never posted before a crash
             reporter.post_metrics(report)
         try:

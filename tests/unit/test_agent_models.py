@@ -3,6 +3,7 @@ whose model hash this device cannot build is declined."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -189,3 +190,58 @@ def test_the_daemon_posts_the_mismatch_as_a_decline(tmp_path: Path) -> None:
 
     assert len(client.declined) == 1
     assert client.declined[0].startswith(f"model spec hash mismatch: job expects {'ab' * 6}…")
+
+
+class _PollCounter(FakeClient):
+    """A FakeClient that counts assignment reads (the coordinator's sign of life)."""
+
+    def __init__(self, assignment: dict[str, Any]) -> None:
+        super().__init__(assignment)
+        self.polls = 0
+
+    def assignment(self, device_id: str) -> Any:
+        self.polls += 1
+        return self.current
+
+
+def test_a_device_polls_its_assignment_while_it_waits_for_its_neighbours(tmp_path: Path) -> None:
+    # The coordinator takes a participant silent for 1.5 s that its neighbours miss for a
+    # departed one: a device that is still setting up (here waiting for its neighbour to
+    # be ready) must keep asking for its assignment, as it does during the rounds.
+    model = with_hash(from_options("mlp", 64, 10))
+    files = _digits_files(tmp_path)
+    bus = MemoryBroker()
+    clients = [_PollCounter(_assignment(model, i)) for i in range(len(DEVICES))]
+    errors: list[BaseException] = []
+
+    def device(i: int) -> None:
+        try:
+            config = dataclasses.replace(_config(tmp_path, files[i], DEVICES[i]), poll_s=0.1)
+            runner = JobRunner(
+                config,
+                clients[i],  # type: ignore[arg-type]
+                _connected(bus, DEVICES[i]),
+                DEVICES[i],
+                _assignment(model, i),  # type: ignore[arg-type]
+                link={**_LINK, "measured_at": time.time()},  # type: ignore[typeddict-item]
+            )
+            with np.load(files[i]) as data:
+                runner.run(data["x"], data["y"])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    first = threading.Thread(target=device, args=(0,))
+    first.start()
+    deadline = time.monotonic() + 60
+    while clients[0].polls < 5 and time.monotonic() < deadline and first.is_alive():
+        time.sleep(0.05)
+    polls_before_any_round = clients[0].polls
+    assert clients[0].metrics == []  # still waiting for dev-1: no round has run
+    second = threading.Thread(target=device, args=(1,))
+    second.start()
+    first.join(timeout=120)
+    second.join(timeout=120)
+
+    assert errors == []
+    assert polls_before_any_round >= 5
+    assert [m["round"] for m in clients[0].metrics] == [1]
