@@ -29,6 +29,8 @@ if [ ! -x /usr/bin/chromium ]; then
     echo "the tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1
   fi
 fi
+# The coordinator's store is tested on SQLite and on PostgreSQL (tests/postgres.py).
+bash scripts/postgres.sh
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip

@@ -1,7 +1,8 @@
-"""The local PostgreSQL server of the tests: its URL, and the one rule for skipping.
+"""The local PostgreSQL server of the tests: its URL, and a check that it answers.
 
-Tests skip, saying why, only where no server answers at :data:`PG_URL`; a missing
-driver (psycopg is a dev dependency) is a broken install and fails instead.
+``scripts/postgres.sh`` (run by ``scripts/test.sh``) makes sure a server answers at
+:data:`PG_URL`; a test that finds none fails, saying how to start one, rather than
+skipping: PostgreSQL is a supported store, so its tests are never silently left out.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import pytest
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-def postgres_or_skip() -> str:
-    """Return :data:`PG_URL` when its server answers; otherwise skip the test with the reason."""
-    import psycopg  # a missing driver is a broken install: fail, don't skip
+def postgres_or_fail() -> str:
+    """Return :data:`PG_URL` when its server answers; otherwise fail the test saying why."""
+    import psycopg
 
     try:
         psycopg.connect(PG_URL, connect_timeout=3).close()
     except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG_URL}: {str(exc).splitlines()[0]}")
+        pytest.fail(
+            f"no PostgreSQL at {PG_URL} ({str(exc).splitlines()[0]}): run scripts/postgres.sh",
+            pytrace=False,
+        )
     return PG_URL
 
 
@@ -30,11 +34,11 @@ def postgres_or_skip() -> str:
 def scratch_schema() -> Iterator[str]:
     """A URL of :data:`PG_URL` whose ``search_path`` is a new, empty schema, dropped after.
 
-    Skips (with the reason) where no server answers, like :func:`postgres_or_skip`.
+    Fails (with the reason) where no server answers, like :func:`postgres_or_fail`.
     """
     import sqlalchemy as sa
 
-    postgres_or_skip()
+    postgres_or_fail()
     schema = f"meshfl_test_{secrets.token_hex(4)}"
     admin = sa.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://", 1))
     try:

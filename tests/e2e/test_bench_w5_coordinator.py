@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from postgres import postgres_or_skip
+from postgres import postgres_or_fail
 
 pytestmark = pytest.mark.e2e  # a real server + a load generator: about 15 s a run
 
@@ -22,7 +22,7 @@ def test_smoke_run_sends_every_heartbeat_and_reaches_the_db(
     db: str, generator: str, tmp_path: Path
 ) -> None:
     if db == "postgresql":
-        postgres_or_skip()
+        postgres_or_fail()
     out = tmp_path / "w5.json"
 
     command = [sys.executable, str(BENCH), "--smoke", "--db", db, "--generator", generator]

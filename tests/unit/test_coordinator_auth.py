@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from limits import parse
 from limits.storage import MemoryStorage
 from limits.strategies import FixedWindowRateLimiter
-from postgres import PG_URL, postgres_or_skip
+from postgres import PG_URL, postgres_or_fail
 
 from coordinator import CoordinatorSettings, create_app, store, tokens
 from coordinator.db import ApiToken, EnrolmentToken, make_engine, make_sessionmaker
@@ -346,7 +346,7 @@ def test_two_threads_cannot_both_spend_a_one_use_token_on_sqlite(tmp_path: Path)
 
 
 def test_two_threads_cannot_both_spend_a_one_use_token_on_postgresql() -> None:
-    admin = make_engine(postgres_or_skip())
+    admin = make_engine(postgres_or_fail())
     schema = f"meshfl_race_{secrets.token_hex(4)}"
     with admin.begin() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))

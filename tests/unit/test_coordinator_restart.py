@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from postgres import postgres_or_skip
+from postgres import postgres_or_fail
 
 from coordinator import CoordinatorSettings, create_app
 from coordinator.db import make_engine
@@ -96,7 +96,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'coordinator.db'}"
         return
-    url = postgres_or_skip()
+    url = postgres_or_fail()
     schema = f"meshfl_restart_{secrets.token_hex(4)}"
     admin = make_engine(url)
     with admin.begin() as conn:

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from postgres import PG_URL, postgres_or_skip, scratch_schema
+from postgres import PG_URL, postgres_or_fail, scratch_schema
 
 from coordinator import CoordinatorSettings, create_app, store
 from coordinator.db import Base, Job, make_engine, make_sessionmaker
@@ -234,7 +234,7 @@ def test_sketch_distance_ignores_empty_and_non_finite_sketches() -> None:
 
 
 def test_postgresql_migrates_and_runs_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    postgres_or_skip()
+    postgres_or_fail()
     monkeypatch.setattr(store, "PROFILE_HISTORY_LIMIT", 2)
     schema = f"meshfl_test_{secrets.token_hex(4)}"
     admin = make_engine(PG_URL)

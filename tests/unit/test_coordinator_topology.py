@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from postgres import PG_URL, postgres_or_skip
+from postgres import PG_URL, postgres_or_fail
 from prometheus_client.parser import text_string_to_metric_families
 from test_coordinator_plan import ADMIN_H, API, Fleet, spec
 from test_coordinator_store import TestClient
@@ -318,7 +318,7 @@ def fleet_on(db_url: str) -> Fleet:
 
 
 def test_pause_topology_readiness_and_metrics_on_postgresql() -> None:
-    postgres_or_skip()
+    postgres_or_fail()
     schema = f"meshfl_test_{secrets.token_hex(4)}"
     admin = make_engine(PG_URL)
     with admin.begin() as conn:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from postgres import postgres_or_skip
+from postgres import postgres_or_fail
 from prometheus_client.parser import text_string_to_metric_families
 from test_coordinator_api import ADMIN, ADMIN_H, API, ENROL, FakeClock, metrics, running_job
 
@@ -44,7 +44,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'c.db'}"
         return
-    url = postgres_or_skip()
+    url = postgres_or_fail()
     schema = f"meshfl_jobmetrics_{secrets.token_hex(4)}"
     admin = make_engine(url)
     with admin.begin() as conn:
