@@ -7,7 +7,7 @@ lock file, held until the process exits (the kernel drops it even after SIGKILL,
 crashed agent never blocks its restart); a second process is refused at start with one
 line naming the first one's pid. The broker-level counterpart — the same identity run
 from another folder or host — is the transport's session-takeover check
-(:class:`edge_agent.transport.mqtt.SessionTakenOver`).
+(:class:`edge_agent.transport.refusals.SessionTakenOver`).
 
 A folder where the lock cannot be written (read-only, full) does not stop the agent: the
 guard is skipped with one warning line.

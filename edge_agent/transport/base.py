@@ -14,10 +14,12 @@ refuses us or an operation fails, :class:`meshfl.errors.ConfigError` for a bad U
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 __all__ = ["Handler", "Message", "Transport"]
 
@@ -25,6 +27,8 @@ Handler = Callable[[str, bytes], None]
 """A message handler: ``handler(topic, payload)``; its exceptions are logged and counted."""
 
 log = logging.getLogger("meshfl.transport")
+
+_Callback = TypeVar("_Callback", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,24 @@ class Transport(ABC):
         """
         limit = self.payload_limit(topic)
         return configured if limit is None else min(configured, limit)
+
+    def _contained(self, callback: _Callback) -> _Callback:
+        """Wrap a network-thread callback: an exception is logged and counted, never raised.
+
+        paho re-raises a callback's exception out of its network loop unless
+        ``suppress_exceptions`` is set, which ends the thread: no more deliveries, no
+        reconnects.
+        """
+
+        @functools.wraps(callback)
+        def contained(*args: Any) -> None:
+            try:
+                callback(*args)
+            except Exception:
+                self._callback_errors += 1
+                log.exception("MQTT callback %s failed; the network loop carries on", callback)
+
+        return contained  # type: ignore[return-value]
 
     def _deliver(self, topic: str, payload: bytes) -> None:
         """Count and hand one message to the handler; a handler exception is logged and counted."""

@@ -1,51 +1,30 @@
 """The MQTT transport over paho-mqtt 2.x (with its helpers, the only paho code in edge_agent).
 
-Connection policy (see ``docs/brokers.md``):
-
-- Protocol: MQTT 5 where the broker speaks it, else MQTT 3.1.1, decided by a probe
-  (:func:`edge_agent.transport.version_probe.probe_protocol`) because amqtt hangs on a full v5
-  CONNECT instead of refusing it.
-- Persistent session: MQTT 5 ``clean_start=False`` with a Session Expiry Interval;
-  MQTT 3.1.1 ``clean_session=False``. QoS 1 messages published while we are away are
-  delivered after we reconnect with the same client id.
-- Last Will: published retained by the broker when the connection dies uncleanly.
-- Reconnect: paho's network thread (``loop_start``) retries after delays drawn by
-  :class:`~edge_agent.transport.backoff.Backoff` (exponential from ``reconnect_min_s`` to
-  ``reconnect_max_s``, each jittered, so a fleet does not reconnect in lock step);
-  subscriptions are re-sent when the broker did not resume the session.
-- Broker limits (MQTT 5 CONNACK, :mod:`edge_agent.transport.limits`): the in-flight window
-  is ``min(20, Receive Maximum)``; :meth:`MqttTransport.payload_limit` is the Maximum Packet
-  Size less the PUBLISH header, engines chunk under it, and a larger publish is refused
-  with :class:`~meshfl.errors.TransportError` (paho would re-send it after every reconnect).
-  Each CONNACK's limits and the resulting in-flight window are logged at INFO.
-- Callbacks: an exception in any paho callback (ours or the message handler) is logged
-  with its traceback and counted in ``callback_errors``; paho's network loop carries on.
-- TLS: ``mqtts://host:8883`` connects over TLS 1.2+ and checks the broker's certificate
-  against ``ca_file`` (the CA given at enrolment, or ``--broker-ca``); ``username`` and
-  ``password`` are the device's broker login (its username is also its client id).
-- Errors: paho's return and reason codes are translated here, into
-  :class:`meshfl.errors.TransportError` / :class:`~meshfl.errors.BrokerUnreachable`, and
-  into :class:`~meshfl.errors.ConfigError` for what retrying cannot fix: a refused login
-  (CONNACK 0x86/0x87), a refused client id (0x85), and an ACL denial (SUBACK or PUBACK
-  0x87). Mosquitto 2.0's ``acl_file`` never denies a SUBSCRIBE (it filters deliveries
-  instead) but answers a denied QoS 1 PUBLISH with PUBACK 0x87; its dynamic-security
-  plugin, EMQX and HiveMQ also deny SUBSCRIBEs with 0x87.
+Its connection policy is described in ``docs/brokers.md``: MQTT 5 where the broker speaks
+it (a probe decides: amqtt hangs on a v5 CONNECT), a persistent session with a retained
+Last Will, jittered reconnects (:class:`~edge_agent.transport.backoff.Backoff`) that
+re-subscribe where the broker lost the session, the CONNACK's limits honoured (in-flight
+window, :meth:`MqttTransport.payload_limit`; a larger publish is refused, as paho would
+re-send it after every reconnect), callbacks that log and count their exceptions, TLS with
+the enrolment CA for ``mqtts://``. paho's codes become meshfl errors here (section
+"Refusals" there): :class:`~meshfl.errors.ConfigError` for what retrying cannot fix (a
+refused login or client id, an ACL denial), :class:`~meshfl.errors.BrokerUnreachable`
+and :class:`~meshfl.errors.TransportError` otherwise.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edge_agent.transport.acks import Pubacks, Subacks
 from edge_agent.transport.address import parse_broker_address, tls_context
 from edge_agent.transport.backoff import Backoff
 from edge_agent.transport.base import Message, Transport, log
@@ -60,25 +39,15 @@ from edge_agent.transport.mqtt_options import (
 from edge_agent.transport.refusals import (
     BAD_LOGIN,
     Reason,
-    acl_error,
     code_of,
     connack_error,
     suback_error,
+    taken_over_error,
 )
 from edge_agent.transport.version_probe import probe_protocol
 from meshfl.errors import BrokerUnreachable, ConfigError, MeshflError, TransportError
 
-SESSION_TAKEN_OVER = 0x8E
-"""MQTT 5 DISCONNECT reason: a client connected with the same client id."""
-
-
-class SessionTakenOver(TransportError):
-    """Another process connected with this client id: this one stops (it would fight back)."""
-
-
 __all__ = ["MqttTransport"]
-
-_Callback = TypeVar("_Callback", bound=Callable[..., Any])
 
 LOGIN_RETRY_S = 1.0
 """Seconds before the one retry of a refused first login (see :meth:`MqttTransport.connect`)."""
@@ -156,11 +125,8 @@ class MqttTransport(Transport):
         """The limits of the last MQTT 5 CONNACK; all None on 3.1.1 and before connecting."""
         self._client: paho.Client | None = None
         self._protocol = ""
-        self._lock = threading.Lock()
         self._subscriptions: dict[str, int] = {}
-        self._unacked: dict[int, str] = {}  # mid -> topic, awaiting PUBACK
-        self._acked_early: dict[int, int] = {}  # mid -> PUBACK reason, came before publish returned
-        self._denied: ConfigError | None = None  # a PUBACK 0x87, raised by the next publish/flush
+        self._pubacks = Pubacks()  # a denial (0x87) is raised by the next publish/flush
         self._fatal: MeshflError | None = None  # a reconnect refused for good (login revoked)
         self._client_id = ""
         self._refused: int | None = None  # the reason code of the last refused CONNACK
@@ -170,8 +136,7 @@ class MqttTransport(Transport):
         self._reconnects = 0
         self._first_result = threading.Event()
         self._first_error: MeshflError | None = None
-        self._subacks = threading.Condition()
-        self._subacked: dict[int, list[Any]] = {}  # mid -> failed SUBACK reason codes
+        self._subacks = Subacks()
         self._initial_subscriptions: dict[int, str] = {}  # mid -> filter, sent on connect
 
     @property
@@ -224,7 +189,8 @@ class MqttTransport(Transport):
             will=will,
         )
         self._client_id = client_id
-        self._fatal = self._denied = self._refused = None
+        self._fatal = self._refused = None
+        self._pubacks.take_denial()  # a denial on the last connection is not this one's
         self.backoff.reset()
         client.suppress_exceptions = True  # paho's own net; ours below also counts and logs
         client.on_connect = self._contained(self._on_connect)
@@ -276,11 +242,7 @@ class MqttTransport(Transport):
         subscriptions stay pending.
         """
         pending = dict(self._initial_subscriptions)
-        with self._subacks:
-            self._subacks.wait_for(
-                lambda: all(mid in self._subacked for mid in pending), timeout=max(timeout_s, 0.1)
-            )
-            results = {mid: self._subacked.pop(mid) for mid in pending if mid in self._subacked}
+        results = self._subacks.wait(list(pending), max(timeout_s, 0.1))
         for mid, failed in results.items():
             self._raise_suback(pending[mid], failed)
         if len(results) < len(pending):
@@ -330,19 +292,13 @@ class MqttTransport(Transport):
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
             raise TransportError(f"cannot publish to {topic}: {_error_text(info.rc)}")
         self._bytes_sent += len(payload)
-        with self._lock:
-            early = self._acked_early.pop(info.mid, None)
-            if qos >= 1 and early is None:
-                self._unacked[info.mid] = topic
-            elif early == Reason.NOT_AUTHORIZED and self._denied is None:
-                self._denied = acl_error("publishing to", topic, self._client_id)
+        self._pubacks.sent(info.mid, topic, qos, self._client_id)
 
     def _raise_refusals(self) -> None:
         """Raise a refused reconnect (for good) or a PUBACK 0x87 seen since the last call (once)."""
         if self._fatal is not None:
             raise self._fatal
-        with self._lock:
-            denied, self._denied = self._denied, None
+        denied = self._pubacks.take_denial()
         if denied is not None:
             raise denied
 
@@ -370,11 +326,8 @@ class MqttTransport(Transport):
             return  # re-sent by _on_connect after the reconnect
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             raise TransportError(f"cannot subscribe to {topic_filter}: {_error_text(rc)}")
-        with self._subacks:
-            acked = self._subacks.wait_for(
-                lambda: mid in self._subacked, timeout=self.connect_timeout_s
-            )
-            failed = self._subacked.pop(mid, [])
+        acked = self._subacks.wait([mid], self.connect_timeout_s)
+        failed = acked.get(mid, [])
         if not acked and self._connected:
             raise TransportError(
                 f"the broker at {self._where} did not acknowledge the subscription to"
@@ -400,9 +353,7 @@ class MqttTransport(Transport):
         """
         deadline = time.monotonic() + timeout_s
         while True:
-            with self._lock:
-                done = not self._unacked
-            if done or self._fatal is not None:
+            if self._pubacks.settled or self._fatal is not None:
                 self._raise_refusals()
                 return True
             if time.monotonic() >= deadline:
@@ -415,24 +366,6 @@ class MqttTransport(Transport):
         return self._client
 
     # -- paho callbacks (network thread) ------------------------------------------------------
-
-    def _contained(self, callback: _Callback) -> _Callback:
-        """Wrap a paho callback: an exception is logged and counted, never raised into paho.
-
-        paho re-raises a callback's exception out of its network loop unless
-        ``suppress_exceptions`` is set, which ends the thread: no more deliveries, no
-        reconnects.
-        """
-
-        @functools.wraps(callback)
-        def contained(*args: Any) -> None:
-            try:
-                callback(*args)
-            except Exception:
-                self._callback_errors += 1
-                log.exception("MQTT callback %s failed; the network loop carries on", callback)
-
-        return contained  # type: ignore[return-value]
 
     def _schedule_reconnect(self, client: paho.Client) -> float:
         """Set paho's next reconnect wait to one jittered delay from :attr:`backoff`."""
@@ -501,11 +434,8 @@ class MqttTransport(Transport):
         was_connected, self._connected = self._connected, False
         if self._closing:
             return
-        if code_of(reason) == SESSION_TAKEN_OVER:  # another process connected as us
-            self._fatal = SessionTakenOver(
-                f"another client connected to {self._where} as {self._client_id!r} and took"
-                " over this one's session: two processes run with one identity; stop one"
-            )
+        if code_of(reason) == Reason.SESSION_TAKEN_OVER:  # another process connected as us
+            self._fatal = taken_over_error(self._where, self._client_id)
             log.error("%s", self._fatal)
             client.disconnect()  # reconnecting would take it back: the two would fight
             return
@@ -521,23 +451,12 @@ class MqttTransport(Transport):
     def _on_subscribe(
         self, client: paho.Client, userdata: Any, mid: int, reasons: Any, properties: Any
     ) -> None:
-        failed = [r for r in reasons if getattr(r, "is_failure", False)]
-        with self._subacks:
-            self._subacked[mid] = failed
-            self._subacks.notify_all()
+        self._subacks.received(mid, reasons)
 
     def _on_publish(
         self, client: paho.Client, userdata: Any, mid: int, reason: Any, properties: Any
     ) -> None:
-        code = code_of(reason) or 0
-        with self._lock:
-            topic = self._unacked.pop(mid, None)
-            if topic is None:
-                self._acked_early[mid] = code
-            elif code == Reason.NOT_AUTHORIZED and self._denied is None:
-                self._denied = acl_error("publishing to", topic, self._client_id)
-        if code == Reason.NOT_AUTHORIZED:
-            log.error("the broker denied a publish to %s (0x87 not authorized)", topic or "?")
+        self._pubacks.acked(mid, code_of(reason) or 0, self._client_id)
 
     # -- properties ---------------------------------------------------------------------------
 

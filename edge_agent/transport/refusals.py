@@ -14,7 +14,16 @@ from typing import Any
 
 from meshfl.errors import ConfigError, MeshflError, TransportError
 
-__all__ = ["BAD_LOGIN", "Reason", "acl_error", "code_of", "connack_error", "suback_error"]
+__all__ = [
+    "BAD_LOGIN",
+    "Reason",
+    "SessionTakenOver",
+    "acl_error",
+    "code_of",
+    "connack_error",
+    "suback_error",
+    "taken_over_error",
+]
 
 
 class Reason(IntEnum):
@@ -23,9 +32,22 @@ class Reason(IntEnum):
     CLIENT_ID_NOT_VALID = 0x85
     BAD_USERNAME_OR_PASSWORD = 0x86
     NOT_AUTHORIZED = 0x87
+    SESSION_TAKEN_OVER = 0x8E  # DISCONNECT: a client connected with the same client id
 
 
 BAD_LOGIN = (Reason.BAD_USERNAME_OR_PASSWORD, Reason.NOT_AUTHORIZED)
+
+
+class SessionTakenOver(TransportError):
+    """Another process connected with this client id: this one stops (it would fight back)."""
+
+
+def taken_over_error(where: str, client_id: str) -> SessionTakenOver:
+    """The error of a DISCONNECT 0x8E from the broker at ``where``."""
+    return SessionTakenOver(
+        f"another client connected to {where} as {client_id!r} and took over this one's"
+        " session: two processes run with one identity; stop one"
+    )
 
 
 def code_of(reason: Any) -> int | None:

@@ -19,7 +19,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from broker.ports import free_port
 from edge_agent.identity_lock import lock_identity
-from edge_agent.transport.mqtt import SESSION_TAKEN_OVER, MqttTransport, SessionTakenOver
+from edge_agent.transport.mqtt import MqttTransport
+from edge_agent.transport.refusals import Reason, SessionTakenOver
 from meshfl.app.cli.servers import _control_transport
 from meshfl.errors import ConfigError
 
@@ -80,7 +81,7 @@ def test_a_session_taken_over_stops_the_old_client_instead_of_fighting(mosquitto
     client = first._client
     assert client is not None
     try:
-        taken_over = ReasonCode(PacketTypes.DISCONNECT, identifier=SESSION_TAKEN_OVER)
+        taken_over = ReasonCode(PacketTypes.DISCONNECT, identifier=Reason.SESSION_TAKEN_OVER)
         first._on_disconnect(client, None, None, taken_over, None)
         with pytest.raises(SessionTakenOver, match="took over"):
             first.flush(0.0)
