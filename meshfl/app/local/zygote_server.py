@@ -25,6 +25,7 @@ __all__ = ["PRELOAD", "first_draws", "main", "serve"]
 PRELOAD = (
     "numpy",
     "torch",
+    "torch._dynamo",  # the first torch.optim optimizer imports it: 1 s of CPU per agent
     "paho.mqtt.client",
     "meshfl.app.cli",
     "meshfl.app.cli.agent",
