@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshfl.aggregation.secure import FixedPoint
+from meshfl.contract.job_options import JOB_DEFAULTS
 from meshfl.errors import ConfigError
 
 __all__ = [
@@ -42,11 +43,12 @@ __all__ = [
     "secure_quantization_bits",
 ]
 
-DEFAULT_DP_DELTA = 1e-5
-"""δ of the (ε, δ) guarantee when a job names none."""
+DEFAULT_DP_DELTA: float = JOB_DEFAULTS["dp_delta"]
+"""δ of the (ε, δ) guarantee when a job names none (:mod:`meshfl.contract.job_options`)."""
 
-DEFAULT_SECURE_RANGE = 1.0
-"""±R: the fixed-point range of one coordinate of a masked contribution."""
+DEFAULT_SECURE_RANGE: float = JOB_DEFAULTS["secure_range"]
+"""±R: the fixed-point range of one coordinate of a masked contribution (the job option's
+default, :mod:`meshfl.contract.job_options`)."""
 
 MIN_SIGMA, MAX_SIGMA = 0.01, 1e4
 """The noise multipliers a job accepts (the accountant's ε is finite and meaningful)."""

@@ -4,7 +4,8 @@ One module per resource (:mod:`~meshfl.contract.devices`, :mod:`~meshfl.contract
 :mod:`~meshfl.contract.topology`, :mod:`~meshfl.contract.reports`,
 :mod:`~meshfl.contract.ledger`, :mod:`~meshfl.contract.artifacts`,
 :mod:`~meshfl.contract.secagg`, :mod:`~meshfl.contract.privacy`,
-:mod:`~meshfl.contract.tokens`, :mod:`~meshfl.contract.models`); every public name is
+:mod:`~meshfl.contract.tokens`, :mod:`~meshfl.contract.models`) and a job's options, defined
+once (:mod:`~meshfl.contract.job_options`); every public name is
 re-exported here, so ``from meshfl.contract import JobSpec`` is the way to import it.
 How the shapes validate under pydantic: :mod:`meshfl.contract._schema`.
 
@@ -125,6 +126,16 @@ from meshfl.contract.devices import (
     ProfileSample,
     enrol_proof_message,
 )
+from meshfl.contract.job_options import (
+    DEFAULT_MODEL,
+    JOB_DEFAULTS,
+    JOB_OPTIONS,
+    LAUNCHER_DEFAULTS,
+    LAUNCHER_OVERRIDES,
+    JobOption,
+    check_job_options,
+    job_spec_fields,
+)
 from meshfl.contract.jobs import (
     JOB_MODES,
     JOB_TOPOLOGIES,
@@ -185,8 +196,13 @@ from meshfl.contract.topology import (
 
 __all__ = [
     "API_PREFIX",
+    "DEFAULT_MODEL",
+    "JOB_DEFAULTS",
     "JOB_MODES",
+    "JOB_OPTIONS",
     "JOB_TOPOLOGIES",
+    "LAUNCHER_DEFAULTS",
+    "LAUNCHER_OVERRIDES",
     "MAX_CLASSES",
     "ApiRole",
     "ApiTokenCreate",
@@ -218,6 +234,7 @@ __all__ = [
     "JobDeviceMetrics",
     "JobDevicePublic",
     "JobLedger",
+    "JobOption",
     "JobPublic",
     "JobSpec",
     "JobStatus",
@@ -246,7 +263,9 @@ __all__ = [
     "TopologyNode",
     "TopologyPublic",
     "TopologySetting",
+    "check_job_options",
     "enrol_proof_message",
+    "job_spec_fields",
 ]
 
 API_PREFIX = "/api/v1"

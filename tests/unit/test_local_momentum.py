@@ -190,8 +190,10 @@ def test_lockstep_runs_the_momentum_and_it_learns_faster() -> None:
 def test_a_secure_job_swaps_the_default_sign_codec_for_int8_and_says_why() -> None:
     from meshfl.app.cli.options import privacy_defaults
 
-    codec, growth, note = privacy_defaults(True, False, DEFAULTS.codec, DEFAULTS.keyframe_growth)
-    assert (codec, growth) == ("int8", 0.0)
+    job = {"secure_aggregation": 2, "dp_noise_multiplier": 0.0, "codec": DEFAULTS.codec,
+           "keyframe_growth": DEFAULTS.keyframe_growth}  # fmt: skip
+    note = privacy_defaults(job)
+    assert (job["codec"], job["keyframe_growth"]) == ("int8", 0.0)
     assert note.startswith("secure aggregation: codec int8 (sign cannot be masked)")
 
 

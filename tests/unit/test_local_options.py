@@ -19,8 +19,9 @@ from meshfl.app.local.fleet import (
     parse_link_option,
     parse_slow,
 )
+from meshfl.app.local.jobspec import job_spec, prepare_data
 from meshfl.app.local.report import build_report
-from meshfl.app.local.run import LocalConfig, _job_spec, _prepare_data, validate
+from meshfl.app.local.run import LocalConfig, validate
 from meshfl.errors import ConfigError
 
 
@@ -144,8 +145,8 @@ def test_a_custom_graph_must_have_one_node_per_agent(tmp_path: Path) -> None:
 def _spec(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     config = LocalConfig(**{"agents": 4, "rounds": 10, "out": tmp_path / "run", **overrides})
     validate(config)
-    files, test_file = _prepare_data(config)
-    return dict(_job_spec(config, test_file)), files
+    files, test_file = prepare_data(config)
+    return dict(job_spec(config, test_file)), files
 
 
 def test_default_spec_carries_no_issue_4_keys(tmp_path: Path) -> None:

@@ -329,13 +329,14 @@ def test_model_spec_cli_for_zoo_models_matches_the_built_model(name):
 
 
 def test_meshfl_local_builds_the_model_spec_from_its_options(user_models):
-    from meshfl.app.local.run import LocalConfig, _model_spec
+    from meshfl.app.local.jobspec import model_spec
+    from meshfl.app.local.run import LocalConfig
 
-    assert _model_spec(LocalConfig(), 64, 10) == from_options("mlp", 64, 10)  # W1 unchanged
-    lenet = _model_spec(LocalConfig(model="lenet", hidden=(4, 8, 16, 16)), 64, 10)
+    assert model_spec(LocalConfig(), 64, 10) == from_options("mlp", 64, 10)  # W1 unchanged
+    lenet = model_spec(LocalConfig(model="lenet", hidden=(4, 8, 16, 16)), 64, 10)
     assert lenet["image_shape"] == [1, 8, 8] and lenet["hidden"] == [4, 8, 16, 16]
     kwargs = {"input_dim": 64, "num_classes": 10, "width": 6}
-    custom = _model_spec(
+    custom = model_spec(
         LocalConfig(model=f"{user_models}:make_net", model_kwargs=kwargs, seed=3), 64, 10
     )
     assert custom["hash"] == spec_hash(build_model(custom, seed=0))  # filled for the coordinator

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -20,51 +20,19 @@ from meshfl.app.cli.model import (
     parse_image_shape,
     parse_kwargs,
 )
-from meshfl.app.cli.options import (
-    Algorithm,
-    BatchSize,
-    ByteBudget,
-    CodecSpec,
-    ConsensusStep,
-    Deadline,
-    DenseBelow,
-    DpClip,
-    DpDelta,
-    DpEpsilonBudget,
-    DpMode,
-    DpNoiseMultiplier,
-    Elastic,
-    KeyframeGrowth,
-    LearningRate,
-    LocalEpochs,
-    LocalMomentum,
-    MinBattery,
-    Mixing,
-    Mode,
-    Plan,
-    Quorum,
-    Robust,
-    Rounds,
-    SecureAggregation,
-    SecureRange,
-    Staleness,
-    Topology,
-    TopologyDegree,
-    TopologyProbability,
-    TopologySeed,
-    UplinkBudget,
-    privacy_defaults,
-    privacy_fields,
-)
+from meshfl.app.cli.options import privacy_defaults, with_job_options
 from meshfl.app.local.admin import AdminClient
-from meshfl.app.local.config import DEFAULTS
 from meshfl.app.local.validation import topology_fields as local_topology_fields
 from meshfl.contract import (
+    DEFAULT_MODEL,
+    JOB_DEFAULTS,
     JobDevicePublic,
     JobPublic,
     ModelSpec,
     RoundSummary,
     TopologyPublic,
+    check_job_options,
+    job_spec_fields,
 )
 from meshfl.errors import MeshflError
 
@@ -107,15 +75,17 @@ def _model_spec(
 
 
 @job_app.command("start")
+@with_job_options
 def start(
     coordinator: Coordinator,
     admin_token: AdminToken,
+    job: dict[str, Any],
     devices: Annotated[
         int, typer.Option(help="Devices the job needs (0: all live, idle devices).")
     ] = 0,
     input_dim: Annotated[int, typer.Option(help="Features per sample.")] = 64,
     num_classes: Annotated[int, typer.Option(help="Number of classes.")] = 10,
-    model: ModelOption = DEFAULTS.model,
+    model: ModelOption = DEFAULT_MODEL,
     model_kwargs: ModelKwargsOption = None,
     hidden: HiddenOption = None,
     image_shape: ImageShapeOption = None,
@@ -123,48 +93,16 @@ def start(
         str | None,
         typer.Option(help="A user model's spec hash (`meshfl model spec`); default: built here."),
     ] = None,
-    topology: Topology = DEFAULTS.topology,
-    algorithm: Algorithm = DEFAULTS.algorithm,
-    codec: CodecSpec = DEFAULTS.codec,
-    consensus_step: ConsensusStep = DEFAULTS.consensus_step,
-    keyframe_growth: KeyframeGrowth = DEFAULTS.keyframe_growth,
-    dense_below: DenseBelow = DEFAULTS.dense_below,
-    byte_budget: ByteBudget = DEFAULTS.byte_budget,
-    rounds: Rounds = DEFAULTS.rounds,
-    learning_rate: LearningRate = DEFAULTS.learning_rate,
-    local_momentum: LocalMomentum = DEFAULTS.local_momentum,
-    batch_size: BatchSize = DEFAULTS.batch_size,
-    local_epochs: LocalEpochs = DEFAULTS.local_epochs,
-    deadline: Deadline = DEFAULTS.round_deadline_s,
     test_data: Annotated[
         str | None, typer.Option(help="Test file path on the devices (default: their own).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Model seed.")] = 0,
-    degree: TopologyDegree = DEFAULTS.topology_degree,
-    probability: TopologyProbability = DEFAULTS.topology_probability,
-    topology_seed: TopologySeed = None,
-    mixing: Mixing = DEFAULTS.mixing,
-    mode: Mode = DEFAULTS.mode,
-    staleness: Staleness = DEFAULTS.staleness,
-    quorum: Quorum = DEFAULTS.quorum,
-    plan: Plan = DEFAULTS.plan,
-    uplink_budget: UplinkBudget = DEFAULTS.uplink_budget_s,
-    min_battery: MinBattery = DEFAULTS.min_battery_percent,
-    elastic: Elastic = DEFAULTS.elastic,
     publish_model: Annotated[
         bool,
         typer.Option(
             help="Devices upload their final model.onnx; the coordinator builds the consensus."
         ),
     ] = False,
-    secure_aggregation: SecureAggregation = 0,
-    secure_range: SecureRange = 1.0,
-    dp_noise_multiplier: DpNoiseMultiplier = 0.0,
-    dp_clip: DpClip = 0.0,
-    dp_mode: DpMode = "local",
-    dp_delta: DpDelta = 1e-5,
-    dp_epsilon_budget: DpEpsilonBudget = 0.0,
-    robust: Robust = None,
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
     """Create a job and start it on the enrolled devices.
@@ -172,71 +110,40 @@ def start(
     --topology takes a kind or a JSON edge-list file {"n": N, "edges": [[i, j], ...]},
     read here and sent as the job's custom graph (N devices take part).
     """
+    # The job's options (``job``) are the table's: meshfl.contract.JOB_OPTIONS.
     from meshfl.codecs import parse_codec
 
     client = AdminClient(coordinator, admin_token)
-    codec, keyframe_growth, note = privacy_defaults(
-        secure_aggregation > 0, dp_noise_multiplier > 0, codec, keyframe_growth
-    )
+    note = privacy_defaults(job)
     if note:
         typer.echo(note)
-    codec = parse_codec(codec).spec
-    topology_fields = local_topology_fields(topology)
-    label = Path(topology).stem if "custom_graph" in topology_fields else topology
+    check_job_options(job)
+    job["codec"] = parse_codec(job["codec"]).spec
+    topology_fields = local_topology_fields(job["topology"])
+    label = Path(job["topology"]).stem if "custom_graph" in topology_fields else job["topology"]
     spec = {
-        "name": f"{algorithm}-{codec}-{label}",
+        "name": f"{job['algorithm']}-{job['codec']}-{label}",
         "model": _model_spec(
             model, input_dim, num_classes, hidden, image_shape, model_kwargs, model_hash
         ),
-        "algorithm": algorithm,
-        "codec": codec,
-        "rounds": rounds,
-        "learning_rate": learning_rate,
-        "local_momentum": local_momentum,
-        "batch_size": batch_size,
-        "local_epochs": local_epochs,
-        "consensus_step": consensus_step,
-        "round_deadline_s": deadline,
-        "max_payload_bytes": DEFAULTS.max_payload_bytes,
+        **job_spec_fields(job),
+        **topology_fields,
         "seed": seed,
         "devices": devices,
         "test_data": test_data,
-        "sketch_dim": DEFAULTS.sketch_dim,
-        "keyframe_growth": keyframe_growth,
-        "dense_below": dense_below,
-        "byte_budget": byte_budget,
-        **topology_fields,
-        "topology_degree": degree,
-        "topology_probability": probability,
-        "mixing": mixing,
-        "mode": mode,
-        "staleness": staleness,
-        "quorum": quorum,
-        "plan": plan,
-        "uplink_budget_s": uplink_budget,
-        "min_battery_percent": min_battery,
-        "elastic": elastic,
     }
     if publish_model:
         spec["publish_model"] = True
-    spec.update(
-        privacy_fields(
-            secure_aggregation, secure_range, dp_noise_multiplier, dp_clip, dp_mode, dp_delta,
-            dp_epsilon_budget, robust,
-        )
-    )  # fmt: skip
     PrivacyOptions.from_spec(spec)  # refuse a combination that cannot work before any call
-    if topology_seed is not None:
-        spec["topology_seed"] = topology_seed
-    job = client.create_job(spec)  # type: ignore[arg-type]
+    created = client.create_job(spec)  # type: ignore[arg-type]
     try:
-        job = client.start_job(job["job_id"])
+        started = client.start_job(created["job_id"])
     except MeshflError:
-        client.stop_job(job["job_id"])  # leave no job behind that can never start
+        client.stop_job(created["job_id"])  # leave no job behind that can never start
         raise
-    typer.echo(f"job {job['job_id']} started on {len(job['devices'])} devices")
+    typer.echo(f"job {started['job_id']} started on {len(started['devices'])} devices")
     if follow:
-        _follow(client, job["job_id"])
+        _follow(client, started["job_id"])
 
 
 @job_app.command("list")
@@ -358,7 +265,7 @@ def _summary(job: JobPublic, rounds: list[RoundSummary]) -> None:
         )
     spent = [e for d in job["devices"] if (e := d.get("epsilon_spent"))]
     if spent:
-        delta = job["spec"].get("dp_delta", 1e-5)
+        delta = job["spec"].get("dp_delta", JOB_DEFAULTS["dp_delta"])
         typer.echo(f"ε spent per device {min(spent):.3g}–{max(spent):.3g} at δ = {delta:g}")
     if job["status"] == "failed":
         typer.echo("no device finished the job: see the reasons above", err=True)

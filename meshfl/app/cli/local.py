@@ -21,71 +21,28 @@ from meshfl.app.cli.model import (
     parse_image_shape,
     parse_kwargs,
 )
-from meshfl.app.cli.options import (
-    Algorithm,
-    BatchSize,
-    ByteBudget,
-    CodecSpec,
-    ConsensusStep,
-    Deadline,
-    DenseBelow,
-    DpClip,
-    DpDelta,
-    DpEpsilonBudget,
-    DpMode,
-    DpNoiseMultiplier,
-    Elastic,
-    KeyframeGrowth,
-    LearningRate,
-    LocalEpochs,
-    LocalMomentum,
-    MinBattery,
-    Mixing,
-    Mode,
-    Plan,
-    Quorum,
-    Robust,
-    Rounds,
-    SecureAggregation,
-    SecureRange,
-    Staleness,
-    Topology,
-    TopologyDegree,
-    TopologyProbability,
-    TopologySeed,
-    UplinkBudget,
-    privacy_defaults,
-)
+from meshfl.app.cli.options import privacy_defaults, with_job_options
 from meshfl.app.local.config import DEFAULTS
-from meshfl.contract import RoundSummary
+from meshfl.contract import DEFAULT_MODEL, RoundSummary
 
 if TYPE_CHECKING:
     from meshfl.app.local.run import LocalRun
 
 
+@with_job_options
 def local(
-    agents: Annotated[int, typer.Option(help="Number of agent processes.")] = 8,
-    rounds: Rounds = DEFAULTS.rounds,
+    job: dict[str, Any],
+    agents: Annotated[int, typer.Option(help="Number of agent processes.")] = DEFAULTS.agents,
     dataset: Annotated[
         str,
         typer.Option(
             help="Built in (digits, mnist1d, iris, wine, breast_cancer), a .npz/.csv file or"
             " an image folder to partition."
         ),
-    ] = "digits",
-    topology: Topology = DEFAULTS.topology,
-    algorithm: Algorithm = DEFAULTS.algorithm,
-    codec: CodecSpec = DEFAULTS.codec,
-    consensus_step: ConsensusStep = DEFAULTS.consensus_step,
-    keyframe_growth: KeyframeGrowth = DEFAULTS.keyframe_growth,
-    dense_below: DenseBelow = DEFAULTS.dense_below,
-    byte_budget: ByteBudget = DEFAULTS.byte_budget,
-    alpha: Annotated[float, typer.Option(help="Dirichlet α of the label-skew partition.")] = 0.5,
-    learning_rate: LearningRate = DEFAULTS.learning_rate,
-    local_momentum: LocalMomentum = DEFAULTS.local_momentum,
-    batch_size: BatchSize = DEFAULTS.batch_size,
-    local_epochs: LocalEpochs = DEFAULTS.local_epochs,
-    deadline: Deadline = DEFAULTS.round_deadline_s,
+    ] = DEFAULTS.dataset,
+    alpha: Annotated[
+        float, typer.Option(help="Dirichlet α of the label-skew partition.")
+    ] = DEFAULTS.alpha,
     broker: Annotated[
         str | None, typer.Option(help="Use this broker (mqtt://HOST:PORT) instead of the embedded.")
     ] = None,
@@ -105,24 +62,15 @@ def local(
             " one process each: hundreds of agents on one machine (docs/scaling.md).",
         ),
     ] = DEFAULTS.in_process,
-    label_column: Annotated[str, typer.Option(help="Label column of a CSV dataset.")] = "label",
-    seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = 0,
+    label_column: Annotated[
+        str, typer.Option(help="Label column of a CSV dataset.")
+    ] = DEFAULTS.label_column,
+    seed: Annotated[int, typer.Option(help="Seed of the partition and the model.")] = DEFAULTS.seed,
     model_seed: Annotated[
         int | None,
         typer.Option(help="Seed of the model and the shuffles only (default: --seed)."),
     ] = None,
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("meshfl-run"),
-    degree: TopologyDegree = DEFAULTS.topology_degree,
-    probability: TopologyProbability = DEFAULTS.topology_probability,
-    topology_seed: TopologySeed = None,
-    mixing: Mixing = DEFAULTS.mixing,
-    mode: Mode = DEFAULTS.mode,
-    staleness: Staleness = DEFAULTS.staleness,
-    quorum: Quorum = DEFAULTS.quorum,
-    plan: Plan = DEFAULTS.plan,
-    uplink_budget: UplinkBudget = DEFAULTS.uplink_budget_s,
-    min_battery: MinBattery = DEFAULTS.min_battery_percent,
-    elastic: Elastic = DEFAULTS.elastic,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = DEFAULTS.out,
     slow: Annotated[
         list[str] | None,
         typer.Option(
@@ -159,18 +107,10 @@ def local(
             " (docs/reliability.md).",
         ),
     ] = None,
-    model: ModelOption = DEFAULTS.model,
+    model: ModelOption = DEFAULT_MODEL,
     model_kwargs: ModelKwargsOption = None,
     hidden: HiddenOption = None,
     image_shape: ImageShapeOption = None,
-    secure_aggregation: SecureAggregation = DEFAULTS.secure_aggregation,
-    secure_range: SecureRange = DEFAULTS.secure_range,
-    dp_noise_multiplier: DpNoiseMultiplier = DEFAULTS.dp_noise_multiplier,
-    dp_clip: DpClip = DEFAULTS.dp_clip,
-    dp_mode: DpMode = DEFAULTS.dp_mode,
-    dp_delta: DpDelta = DEFAULTS.dp_delta,
-    dp_epsilon_budget: DpEpsilonBudget = DEFAULTS.dp_epsilon_budget,
-    robust: Robust = DEFAULTS.robust,
     secure: Annotated[
         bool,
         typer.Option(
@@ -202,6 +142,7 @@ def local(
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run a whole fleet on this machine: broker, coordinator and agent processes."""
+    # The job's options (``job``) are the table's: meshfl.contract.JOB_OPTIONS.
     from rich.console import Console
 
     from meshfl.app.local.bridged import check_bridged_options
@@ -211,43 +152,18 @@ def local(
     from meshfl.codecs import parse_codec
     from meshfl.errors import Interrupted
 
-    codec, keyframe_growth, secure_note = privacy_defaults(
-        secure_aggregation > 0, dp_noise_multiplier > 0, codec, keyframe_growth
-    )
-    codec = parse_codec(codec).spec  # canonical form in the banner and the report
+    secure_note = privacy_defaults(job)
+    job["codec"] = parse_codec(job["codec"]).spec  # canonical form in the banner and the report
     config = LocalConfig(
+        **job,
         agents=agents,
-        rounds=rounds,
         dataset=dataset,
         alpha=alpha,
-        topology=topology,
-        algorithm=algorithm,
-        codec=codec,
-        consensus_step=consensus_step,
-        keyframe_growth=keyframe_growth,
-        dense_below=dense_below,
-        byte_budget=byte_budget,
-        learning_rate=learning_rate,
-        local_momentum=local_momentum,
-        batch_size=batch_size,
-        local_epochs=local_epochs,
-        round_deadline_s=deadline,
         broker=broker,
         seed=seed,
         model_seed=model_seed,
         out=out,
         label_column=label_column,
-        topology_degree=degree,
-        topology_probability=probability,
-        topology_seed=topology_seed,
-        mixing=mixing,
-        mode=mode,
-        staleness=staleness,
-        quorum=quorum,
-        plan=plan,
-        uplink_budget_s=uplink_budget,
-        min_battery_percent=min_battery,
-        elastic=elastic,
         slow=tuple(parse_slow(s) for s in slow or ()),
         links=tuple(parse_link_option(s) for s in link or ()),
         join_at=tuple(join_at or ()),
@@ -257,14 +173,6 @@ def local(
         hidden=_tuple(parse_hidden(hidden)),
         image_shape=_tuple(parse_image_shape(image_shape)),
         model_kwargs=parse_kwargs(model_kwargs),
-        secure_aggregation=secure_aggregation,
-        secure_range=secure_range,
-        dp_noise_multiplier=dp_noise_multiplier,
-        dp_clip=dp_clip,
-        dp_mode=dp_mode,
-        dp_delta=dp_delta,
-        dp_epsilon_budget=dp_epsilon_budget,
-        robust=robust,
         secure=secure,
         dashboard=dashboard,
         dashboard_linger_s=_linger(dashboard, dashboard_linger),
@@ -280,8 +188,8 @@ def local(
     signal.signal(signal.SIGTERM, _raise_interrupt)
     console = Console()
     console.print(
-        f"[bold]meshfl local[/]: {agents} agents, {algorithm} {codec}, {topology},"
-        f" {rounds} rounds on {dataset} → {out}/",
+        f"[bold]meshfl local[/]: {agents} agents, {config.algorithm} {config.codec},"
+        f" {config.topology}, {config.rounds} rounds on {dataset} → {out}/",
         soft_wrap=True,
     )
     if secure_note:
@@ -291,7 +199,7 @@ def local(
 
     def summarize(result: LocalRun) -> None:  # before a --dashboard-linger wait
         view.close()
-        _summary(console, result, time.monotonic() - began, dp_delta)
+        _summary(console, result, time.monotonic() - began, config.dp_delta)
 
     try:
         with view:

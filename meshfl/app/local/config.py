@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshfl.contract.job_options import DEFAULT_MODEL, LAUNCHER_DEFAULTS
+
 __all__ = ["DEFAULTS", "PRIVACY_FIELDS", "LocalConfig"]
+
+
+_DEFAULT = LAUNCHER_DEFAULTS  # one default per job option, in meshfl.contract.job_options
 
 
 @dataclass(frozen=True)
@@ -47,57 +52,22 @@ class LocalConfig:
     """
 
     agents: int = 8
-    rounds: int = 30
+    seed: int = 0
     dataset: str = "digits"
     alpha: float = 0.5
-    topology: str = "complete"
-    algorithm: str = "choco"
-    codec: str = "sign"
-    consensus_step: float = 1.0
-    keyframe_growth: float = 1.5
-    dense_below: int = 0
-    byte_budget: int = 0
-    learning_rate: float = 0.1
-    local_momentum: float = 0.9
-    batch_size: int = 32
-    local_epochs: int = 1
-    round_deadline_s: float = 30.0
-    max_payload_bytes: int = 131072
     broker: str | None = None
-    seed: int = 0
     model_seed: int | None = None  # the JobSpec's seed (model, shuffles); None: seed
     out: Path = Path("meshfl-run")
     label_column: str = "label"
-    sketch_dim: int = 256
-    topology_degree: int = 4
-    topology_probability: float = 0.3
-    topology_seed: int | None = None
-    mixing: str = "metropolis-hastings"
-    mode: str = "sync"
-    staleness: int = 2
-    quorum: float = 1.0
-    plan: bool = False
-    uplink_budget_s: float = 0.05
-    min_battery_percent: float = 0.0
-    elastic: bool = False
     slow: tuple[tuple[str, float], ...] = ()
     links: tuple[tuple[str, str], ...] = ()
     join_at: tuple[int, ...] = ()
     kill: tuple[tuple[str, int], ...] = ()
     chaos: str = ""
-    model: str = "mlp"
+    model: str = DEFAULT_MODEL
     hidden: tuple[int, ...] | None = None
     image_shape: tuple[int, ...] | None = None
     model_kwargs: dict[str, Any] | None = None
-    # Privacy and robustness (issue 5): the JobSpec fields of the same names.
-    secure_aggregation: int = 0
-    secure_range: float = 1.0
-    dp_noise_multiplier: float = 0.0
-    dp_clip: float = 0.0
-    dp_mode: str = "local"
-    dp_delta: float = 1e-5
-    dp_epsilon_budget: float = 0.0
-    robust: str | None = None
     # Security (issue 6): TLS + per-device broker logins + ACL on Mosquitto.
     secure: bool = False
     # The web dashboard (docs/dashboard.md): a read-only login link, servers kept up after.
@@ -109,6 +79,43 @@ class LocalConfig:
     brokers: int = 1
     # Scale on one machine (issue 10): agents as threads of K processes (0: a process each).
     in_process: int = 0
+
+    # A job's options: the fields of meshfl.contract.JOB_OPTIONS, with their defaults there
+    # (meshfl.contract.LAUNCHER_DEFAULTS: the table's, or the launcher's overrides).
+    rounds: int = _DEFAULT["rounds"]
+    topology: str = _DEFAULT["topology"]
+    algorithm: str = _DEFAULT["algorithm"]
+    codec: str = _DEFAULT["codec"]
+    consensus_step: float = _DEFAULT["consensus_step"]
+    keyframe_growth: float = _DEFAULT["keyframe_growth"]
+    dense_below: int = _DEFAULT["dense_below"]
+    byte_budget: int = _DEFAULT["byte_budget"]
+    learning_rate: float = _DEFAULT["learning_rate"]
+    local_momentum: float = _DEFAULT["local_momentum"]
+    batch_size: int = _DEFAULT["batch_size"]
+    local_epochs: int = _DEFAULT["local_epochs"]
+    round_deadline_s: float = _DEFAULT["round_deadline_s"]
+    max_payload_bytes: int = _DEFAULT["max_payload_bytes"]
+    sketch_dim: int = _DEFAULT["sketch_dim"]
+    topology_degree: int = _DEFAULT["topology_degree"]
+    topology_probability: float = _DEFAULT["topology_probability"]
+    topology_seed: int | None = _DEFAULT["topology_seed"]
+    mixing: str = _DEFAULT["mixing"]
+    mode: str = _DEFAULT["mode"]
+    staleness: int = _DEFAULT["staleness"]
+    quorum: float = _DEFAULT["quorum"]
+    plan: bool = _DEFAULT["plan"]
+    uplink_budget_s: float = _DEFAULT["uplink_budget_s"]
+    min_battery_percent: float = _DEFAULT["min_battery_percent"]
+    elastic: bool = _DEFAULT["elastic"]
+    secure_aggregation: int = _DEFAULT["secure_aggregation"]
+    secure_range: float = _DEFAULT["secure_range"]
+    dp_noise_multiplier: float = _DEFAULT["dp_noise_multiplier"]
+    dp_clip: float = _DEFAULT["dp_clip"]
+    dp_mode: str = _DEFAULT["dp_mode"]
+    dp_delta: float = _DEFAULT["dp_delta"]
+    dp_epsilon_budget: float = _DEFAULT["dp_epsilon_budget"]
+    robust: str | None = _DEFAULT["robust"]
 
 
 DEFAULTS = LocalConfig()

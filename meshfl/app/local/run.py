@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from meshfl.app.local.admin import AdminClient
 from meshfl.app.local.bridged import brokers_section, check_bridged_options, start_bridged
-from meshfl.app.local.config import DEFAULTS, PRIVACY_FIELDS, LocalConfig
+from meshfl.app.local.config import LocalConfig
 from meshfl.app.local.dashboard import linger, start_dashboard
 from meshfl.app.local.fleet import Churn, device_name, start_links
 from meshfl.app.local.inprocess import check_in_process_options, coordinator_tuning, start_fleets
+from meshfl.app.local.jobspec import check_codec_policy, job_spec, prepare_data
 from meshfl.app.local.lab.chaos import ChaosFleet
 from meshfl.app.local.lab.process_faults import ProcessFaults, broker_faults
 from meshfl.app.local.lab.shaping import ShapingProxy
@@ -46,10 +45,10 @@ from meshfl.app.local.secure_broker import (
     rejection_totals,
     start_secure_broker,
 )
-from meshfl.app.local.validation import topology_fields, validate
+from meshfl.app.local.validation import validate
 from meshfl.app.local.zygote import Zygote, zygote_enabled
-from meshfl.contract import MAX_CLASSES, JobPublic, JobSpec, ModelSpec, RoundSummary
-from meshfl.errors import ConfigError, DataError, Interrupted, MeshflError
+from meshfl.contract import JobPublic, JobSpec, RoundSummary
+from meshfl.errors import ConfigError, Interrupted, MeshflError
 
 if TYPE_CHECKING:
     from broker.bridge import BridgedBrokers
@@ -122,9 +121,9 @@ def run_local(
     # The agents' zygote imports torch while the data is cut and the servers start.
     zygote = Zygote(out / "logs") if zygote_enabled() else None
     try:
-        device_files, test_file = _prepare_data(config)
-        spec = _job_spec(config, test_file)
-        _check_codec_policy(spec)
+        device_files, test_file = prepare_data(config)
+        spec = job_spec(config, test_file)
+        check_codec_policy(spec)
     except BaseException:
         if zygote is not None:
             zygote.stop()
@@ -387,60 +386,6 @@ def _interrupted(
     )
 
 
-def _prepare_data(config: LocalConfig) -> tuple[list[Path], Path]:
-    """Partition the training set over the agents and the ``join_at`` joiners, in order."""
-    from models.builtin import BUILTIN_DATASETS, load_split
-    from models.datasets import dirichlet_partition, write_partition
-
-    devices = config.agents + len(config.join_at)
-    split = load_split(
-        config.dataset, config.seed, n_devices=devices, label_column=config.label_column
-    )
-    if config.dataset not in BUILTIN_DATASETS:
-        path = Path(config.dataset)
-        _check_labels(path, split.x_train, np.concatenate([split.y_train, split.y_test]))
-    parts = dirichlet_partition(split.y_train, devices, config.alpha, config.seed)
-    empty = [i for i, p in enumerate(parts) if len(p) == 0]
-    if empty:
-        raise ConfigError(
-            f"the Dirichlet(α={config.alpha}) partition left device(s) {empty} without data;"
-            " use fewer --agents, a larger --alpha or another --seed"
-        )
-    files, test_file = write_partition(config.out / "data", split, parts)
-    return list(files), test_file
-
-
-def _check_labels(path: Path, x: np.ndarray, y: np.ndarray) -> None:
-    """A user dataset must have features and labels 0..K-1 with 2 <= K <= MAX_CLASSES."""
-    if x.shape[1] == 0:
-        raise DataError(f"{path}: no feature columns; add features besides the label")
-    classes = np.unique(y)
-    if len(classes) < 2:
-        raise DataError(f"{path}: only one class ({classes[0]}); a classifier needs two or more")
-    if int(classes[-1]) >= MAX_CLASSES or int(classes[-1]) >= 10 * len(classes):
-        raise DataError(
-            f"{path}: labels go up to {int(classes[-1])} for {len(classes)} classes; number"
-            " the classes 0..K-1"
-        )
-
-
-def _check_codec_policy(spec: JobSpec) -> None:
-    """Refuse a byte budget that cannot work for the job's model before agents decline it."""
-    if not spec.get("byte_budget"):
-        return
-    from meshfl.codecs import CodecPolicy, parse_codec
-    from models.arrays import to_arrays
-    from models.zoo import build_model
-
-    layout = [(k, tuple(v.shape)) for k, v in to_arrays(build_model(spec["model"], 0)).items()]
-    try:
-        CodecPolicy.from_options(
-            parse_codec(spec["codec"]), layout, spec.get("dense_below", 0), spec["byte_budget"]
-        )
-    except ConfigError as exc:
-        raise ConfigError(f"--byte-budget {spec['byte_budget']}: {exc}") from None
-
-
 def _start_broker(supervisor: Supervisor) -> str:
     port = free_port()
     child = supervisor.start("broker", ["broker", "serve", "--port", str(port)])
@@ -527,77 +472,3 @@ def _wait_for_enrolment(
             return
         time.sleep(0.2)
     raise MeshflError(f"only {len(admin.devices())} of {n} agents enrolled within 120 s")
-
-
-def _model_spec(config: LocalConfig, input_dim: int, classes: int) -> ModelSpec:
-    """The job's model; a user model is built here once to refuse it early and hash it."""
-    from meshfl.modelspec import from_options, is_custom
-
-    spec = from_options(
-        config.model,
-        input_dim,
-        classes,
-        hidden=None if config.hidden is None else list(config.hidden),
-        image_shape=None if config.image_shape is None else list(config.image_shape),
-        kwargs=config.model_kwargs,
-    )
-    if is_custom(spec):  # the coordinator cannot hash it: the spec must carry its hash
-        from models.arrays import spec_hash
-        from models.zoo import build_model
-
-        spec["hash"] = spec_hash(build_model(spec, config.seed))
-    return spec
-
-
-def _job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
-    from models.data import load_dataset_file
-
-    x, y = load_dataset_file(test_file)
-    classes = int(y.max()) + 1  # the stratified test set holds every class
-    if config.dataset in ("digits", "mnist1d"):
-        classes = 10
-    spec: JobSpec = {
-        "name": f"local-{Path(config.dataset).stem}",
-        "model": _model_spec(config, int(x.shape[1]), classes),
-        "algorithm": config.algorithm,  # type: ignore[typeddict-item]
-        "codec": config.codec,
-        "topology": config.topology,  # replaced below
-        "rounds": config.rounds,
-        "learning_rate": config.learning_rate,
-        "local_momentum": config.local_momentum,
-        "batch_size": config.batch_size,
-        "local_epochs": config.local_epochs,
-        "consensus_step": config.consensus_step,
-        "round_deadline_s": config.round_deadline_s,
-        "max_payload_bytes": config.max_payload_bytes,
-        "seed": config.seed if config.model_seed is None else config.model_seed,
-        "devices": config.agents,
-        "test_data": str(test_file.resolve()),
-        "sketch_dim": config.sketch_dim,
-        "keyframe_growth": config.keyframe_growth,
-        "dense_below": config.dense_below,
-        "byte_budget": config.byte_budget,
-        # Agents upload model.onnx and the coordinator averages them — except in a private
-        # job, whose devices release nothing but what DP / secure aggregation protects.
-        "publish_model": not (config.dp_noise_multiplier > 0 or config.secure_aggregation > 0),
-    }  # fmt: skip
-    spec.update(topology_fields(config.topology))  # type: ignore[typeddict-item]
-    # The issue-4 keys go in only when they differ from the contract's defaults.
-    optional: dict[str, Any] = {
-        "topology_degree": config.topology_degree,
-        "topology_probability": config.topology_probability,
-        "topology_seed": config.topology_seed,
-        "mixing": config.mixing,
-        "mode": config.mode,
-        "staleness": config.staleness,
-        "quorum": config.quorum,
-        "plan": config.plan,
-        "uplink_budget_s": config.uplink_budget_s,
-        "min_battery_percent": config.min_battery_percent,
-        "elastic": config.elastic or bool(config.join_at),
-        **{key: getattr(config, key) for key in PRIVACY_FIELDS},
-    }
-    for key, value in optional.items():
-        if value != getattr(DEFAULTS, key) and value is not None:
-            spec[key] = value  # type: ignore[literal-required]
-    return spec

@@ -10,7 +10,7 @@ from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.app.local.fleet import validate_fleet
 from meshfl.app.local.inprocess import MAX_IN_PROCESS_AGENTS
 from meshfl.app.local.lab.chaos import validate_chaos
-from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES
+from meshfl.contract import JOB_MODES, JOB_OPTIONS, JOB_TOPOLOGIES, check_job_options
 from meshfl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -35,25 +35,11 @@ def validate(config: LocalConfig) -> None:
     most = MAX_IN_PROCESS_AGENTS if config.in_process else MAX_AGENTS
     if not 2 <= config.agents <= most:
         raise ConfigError(f"--agents must be between 2 and {most} (got {config.agents})")
-    for name, value in (("--rounds", config.rounds), ("--batch-size", config.batch_size),
-                        ("--local-epochs", config.local_epochs)):  # fmt: skip
-        if value < 1:
-            raise ConfigError(f"{name} must be at least 1 (got {value})")
-    for name, number in (("--learning-rate", config.learning_rate), ("--alpha", config.alpha),
-                         ("--deadline", config.round_deadline_s)):  # fmt: skip
-        if not (math.isfinite(number) and number > 0):
-            raise ConfigError(f"{name} must be a positive number (got {number})")
-    growth = config.keyframe_growth
-    if not (math.isfinite(growth) and (growth == 0 or growth > 1)):
-        raise ConfigError(f"--keyframe-growth must be 0 (off) or > 1 (got {growth})")
-    if not (math.isfinite(config.consensus_step) and 0 < config.consensus_step <= 1):
-        raise ConfigError(f"--consensus-step must be in (0, 1] (got {config.consensus_step})")
-    if not (math.isfinite(config.local_momentum) and 0 <= config.local_momentum < 1):
-        raise ConfigError(f"--local-momentum must be in [0, 1) (got {config.local_momentum})")
+    check_job_options({o.field: getattr(config, o.field) for o in JOB_OPTIONS})
+    if not (math.isfinite(config.alpha) and config.alpha > 0):
+        raise ConfigError(f"--alpha must be a positive number (got {config.alpha})")
     if config.model_seed is not None and not 0 <= config.model_seed < 2**32:
         raise ConfigError(f"--model-seed must be in [0, 2^32) (got {config.model_seed})")
-    if config.algorithm not in ("choco", "dpsgd"):
-        raise ConfigError(f"--algorithm must be choco or dpsgd (got {config.algorithm!r})")
     from meshfl.codecs import parse_codec
 
     parse_codec(config.codec)
@@ -67,7 +53,8 @@ def validate(config: LocalConfig) -> None:
         except ConfigError as exc:
             raise ConfigError(f"--secure-aggregation {config.secure_aggregation}: {exc}") from None
         _validate_budget(config, privacy, max(degrees.values(), default=1))
-    _validate_rounds(config)
+    if config.mode not in JOB_MODES:
+        raise ConfigError(f"--mode {config.mode!r}: use one of {', '.join(JOB_MODES)}")
     validate_fleet(config)
     validate_chaos(config)
     if config.join_at and config.agents + len(config.join_at) > MAX_AGENTS:
@@ -76,8 +63,6 @@ def validate(config: LocalConfig) -> None:
         from edge_agent.transport.address import parse_broker_address
 
         parse_broker_address(config.broker)
-    if config.dense_below < 0 or config.byte_budget < 0:
-        raise ConfigError("--dense-below and --byte-budget must be >= 0")
     if config.byte_budget and parse_codec(config.codec).name not in ("topk", "randk"):
         raise ConfigError(
             "--byte-budget sets a sparsifier's density: use --codec topk:D or randk:D"
@@ -138,8 +123,6 @@ def _validate_topology(config: LocalConfig) -> Graph | None:
 
     if config.mixing not in MIXING_RULES:
         raise ConfigError(f"--mixing {config.mixing!r}: use one of {', '.join(MIXING_RULES)}")
-    if config.topology_seed is not None and not 0 <= config.topology_seed < 2**32:
-        raise ConfigError(f"--topology-seed must be in [0, 2^32) (got {config.topology_seed})")
     fields = topology_fields(config.topology)
     if "custom_graph" in fields:
         n = fields["custom_graph"]["n"]
@@ -177,20 +160,6 @@ def _validate_hidden(widths: tuple[int, ...] | None) -> None:
             raise ConfigError(
                 f"--hidden width {width} is out of range; use widths in [1, {MAX_WIDTH}]"
             )
-
-
-def _validate_rounds(config: LocalConfig) -> None:
-    """Round mode, staleness, quorum and the planner's options."""
-    if config.mode not in JOB_MODES:
-        raise ConfigError(f"--mode {config.mode!r}: use one of {', '.join(JOB_MODES)}")
-    if config.staleness < 0:
-        raise ConfigError(f"--staleness must be >= 0 rounds (got {config.staleness})")
-    if not (math.isfinite(config.quorum) and 0 < config.quorum <= 1):
-        raise ConfigError(f"--quorum must be in (0, 1] (got {config.quorum})")
-    if not (math.isfinite(config.uplink_budget_s) and config.uplink_budget_s > 0):
-        raise ConfigError(f"--uplink-budget must be > 0 seconds (got {config.uplink_budget_s})")
-    if not (math.isfinite(config.min_battery_percent) and 0 <= config.min_battery_percent <= 100):
-        raise ConfigError(f"--min-battery must be in [0, 100] (got {config.min_battery_percent})")
 
 
 def _validate_privacy(config: LocalConfig) -> PrivacyOptions:
