@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from edge_agent.config import DEFAULT_OUT
 from meshfl.app.cli.agent_fleet import fleet
 from meshfl.app.cli.agent_options import (
-    AllowModelOption,
     CoordinatorCaOption,
     CoordinatorOption,
-    DataDirOption,
     InsecureHttpOption,
-    KeepaliveOption,
-    OfflineGraceOption,
-    TokenFileOption,
-    TokenOption,
-    read_secret,
+    with_agent_options,
 )
 from meshfl.app.cli.logs import LogFormat, LogFormatOption
 
@@ -28,15 +22,12 @@ agent_app.command("fleet")(fleet)
 
 
 @agent_app.command("run")
+@with_agent_options
 def run(
-    coordinator: CoordinatorOption,
+    agent: dict[str, Any],
     data: Annotated[
         Path, typer.Option(help="Local training data: .npz (x, y), .csv or an image folder.")
     ],
-    token: TokenOption = None,
-    token_file: TokenFileOption = None,
-    allow_model: AllowModelOption = None,
-    data_dir: DataDirOption = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -51,10 +42,6 @@ def run(
         ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Device name (default: the host name).")] = None,
-    test_data: Annotated[
-        Path | None, typer.Option(help="Test data to evaluate on (overrides the job's).")
-    ] = None,
-    label_column: Annotated[str, typer.Option(help="Label column of CSV files.")] = "label",
     out: Annotated[Path, typer.Option(help="Where final models are written.")] = DEFAULT_OUT,
     once: Annotated[bool, typer.Option(help="Exit after one job.")] = False,
     threads: Annotated[int, typer.Option(help="Torch threads for training.")] = 1,
@@ -65,10 +52,6 @@ def run(
             help="Train FACTOR times slower (sleep after each step); for tests and benchmarks.",
         ),
     ] = 1.0,
-    keepalive: KeepaliveOption = 30,
-    offline_grace: OfflineGraceOption = 1.0,
-    coordinator_ca: CoordinatorCaOption = None,
-    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -113,27 +96,17 @@ def run(
         logging.getLogger("meshfl.agent").info("metrics: http://%s:%d/metrics", metrics_host, port)
     # SIGTERM ends the agent like Ctrl-C: finally-blocks publish "offline" and disconnect.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    secret = read_secret(token, token_file, "--token")
     run_agent(
         AgentConfig(
-            coordinator=coordinator,
-            token=secret,
+            **agent,
             data=data,
             name=device_name,
             broker=broker,
-            test_data=test_data,
             out=out,
-            label_column=label_column,
             once=once,
             threads=threads,
             slowdown=slowdown,
             broker_ca=broker_ca,
-            keepalive_s=keepalive,
-            offline_grace_s=offline_grace,
-            allowed_models=tuple(allow_model or ()),
-            data_dir=data_dir,
-            coordinator_ca=coordinator_ca,
-            insecure_http=insecure_http,
         ),
         observer=telemetry,
     )

@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from edge_agent.config import DEFAULT_OUT
-from meshfl.app.cli.agent_options import (
-    AllowModelOption,
-    CoordinatorCaOption,
-    CoordinatorOption,
-    DataDirOption,
-    InsecureHttpOption,
-    KeepaliveOption,
-    OfflineGraceOption,
-    TokenFileOption,
-    TokenOption,
-    read_secret,
-)
+from meshfl.app.cli.agent_options import with_agent_options
 from meshfl.app.cli.logs import LogFormat, LogFormatOption
 
 __all__ = ["fleet"]
 
 
+@with_agent_options
 def fleet(
-    coordinator: CoordinatorOption,
+    agent: dict[str, Any],
     data: Annotated[
         str,
         typer.Option(
@@ -35,10 +25,6 @@ def fleet(
         ),
     ],
     count: Annotated[int, typer.Option(min=1, help="How many agents this process runs.")],
-    token: TokenOption = None,
-    token_file: TokenFileOption = None,
-    allow_model: AllowModelOption = None,
-    data_dir: DataDirOption = None,
     first: Annotated[int, typer.Option(min=0, help="Number of the first agent.")] = 0,
     name_prefix: Annotated[
         str, typer.Option(help="Agent i is named PREFIX{i}, e.g. device-0, device-1, ...")
@@ -47,10 +33,6 @@ def fleet(
         str | None,
         typer.Option(help="Broker URL (mqtt://HOST:PORT); default: the coordinator's."),
     ] = None,
-    test_data: Annotated[
-        Path | None, typer.Option(help="Test data to evaluate on (overrides the job's).")
-    ] = None,
-    label_column: Annotated[str, typer.Option(help="Label column of CSV files.")] = "label",
     out: Annotated[
         Path, typer.Option(help="Where the agents write (every file is named after its agent).")
     ] = DEFAULT_OUT,
@@ -65,10 +47,6 @@ def fleet(
     stagger: Annotated[
         float, typer.Option(min=0.0, metavar="SECONDS", help="Pause between agent starts.")
     ] = 0.0,
-    keepalive: KeepaliveOption = 30,
-    offline_grace: OfflineGraceOption = 1.0,
-    coordinator_ca: CoordinatorCaOption = None,
-    insecure_http: InsecureHttpOption = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
@@ -88,7 +66,6 @@ def fleet(
     from edge_agent.fleet import fleet_configs, run_fleet
     from meshfl.app.cli.logs import log_handler
     from meshfl.errors import MeshflError
-    from meshfl.modelspec.allow import check_allow_list
 
     handler = log_handler(log_format.value)
     if log_format is LogFormat.TEXT:  # each agent's thread is named after it
@@ -100,12 +77,8 @@ def fleet(
     names = [f"{name_prefix}{i}" for i in range(first, first + count)]
     files = [Path(data.replace("{i}", str(i))) for i in range(first, first + count)]
     template = AgentConfig(
-        coordinator=coordinator, token=read_secret(token, token_file, "--token"),
-        data=files[0], name=names[0], broker=broker,
-        test_data=test_data, out=out, label_column=label_column, once=once, poll_s=poll,
-        threads=threads, keepalive_s=keepalive, offline_grace_s=offline_grace,
-        allowed_models=check_allow_list(allow_model or ()), data_dir=data_dir,
-        coordinator_ca=coordinator_ca, insecure_http=insecure_http,
+        **agent, data=files[0], name=names[0], broker=broker, out=out, once=once,
+        poll_s=poll, threads=threads,
     )  # fmt: skip
     configs = fleet_configs(template, names, files)
 

@@ -1,12 +1,17 @@
-"""Options that ``meshfl agent run`` and ``meshfl agent fleet`` share (typer annotations)."""
+"""Options that ``meshfl agent run``, ``fleet`` and ``serve`` share (Typer annotations).
+
+:func:`with_agent_options` gives ``run`` and ``fleet`` the options every agent has, as
+the :class:`~edge_agent.daemon.AgentConfig` fields they set.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from meshfl.app.cli.option_group import option_group
 from meshfl.app.cli.secret_files import read_secret
 
 __all__ = [
@@ -19,7 +24,7 @@ __all__ = [
     "OfflineGraceOption",
     "TokenFileOption",
     "TokenOption",
-    "read_secret",
+    "with_agent_options",
 ]
 
 CoordinatorOption = Annotated[
@@ -100,3 +105,48 @@ OfflineGraceOption = Annotated[
         " to your devices' restart time to have a rebooting neighbour waited for.",
     ),
 ]
+
+
+def _agent(
+    coordinator: CoordinatorOption,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    allow_model: AllowModelOption = None,
+    data_dir: DataDirOption = None,
+    test_data: Annotated[
+        Path | None, typer.Option(help="Test data to evaluate on (overrides the job's).")
+    ] = None,
+    label_column: Annotated[str, typer.Option(help="Label column of CSV files.")] = "label",
+    keepalive: KeepaliveOption = 30,
+    offline_grace: OfflineGraceOption = 1.0,
+    coordinator_ca: CoordinatorCaOption = None,
+    insecure_http: InsecureHttpOption = False,
+) -> dict[str, Any]:
+    """The :class:`~edge_agent.daemon.AgentConfig` fields of the options every agent has.
+
+    Raises
+    ------
+    meshfl.errors.ConfigError
+        No token or an unreadable token file; a malformed or never-allowed
+        ``--allow-model`` entry.
+
+    """
+    from meshfl.modelspec.allow import check_allow_list
+
+    return {
+        "coordinator": coordinator,
+        "token": read_secret(token, token_file, "--token"),
+        "allowed_models": check_allow_list(allow_model or ()),
+        "data_dir": data_dir,
+        "test_data": test_data,
+        "label_column": label_column,
+        "keepalive_s": keepalive,
+        "offline_grace_s": offline_grace,
+        "coordinator_ca": coordinator_ca,
+        "insecure_http": insecure_http,
+    }
+
+
+with_agent_options = option_group(_agent, into="agent")
+"""Give a Typer command the options of every agent; its ``agent: dict[str, Any]``
+parameter receives them as ``AgentConfig`` fields."""

@@ -6,18 +6,15 @@ per table entry; neither writes a job option's name, type, default or help itsel
 
 from __future__ import annotations
 
-import functools
 import inspect
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
+from meshfl.app.cli.option_group import option_group
 from meshfl.contract.job_options import JOB_OPTIONS, LAUNCHER_DEFAULTS, JobOption
 
 __all__ = ["SECURE_DEFAULT_CODEC", "privacy_defaults", "with_job_options"]
-
-_Result = TypeVar("_Result")
 
 _COMMAND_LINE = tuple(o for o in JOB_OPTIONS if o.command_line)
 
@@ -34,27 +31,18 @@ def _parameter(option: JobOption) -> inspect.Parameter:
     )
 
 
-def with_job_options(command: Callable[..., _Result]) -> Callable[..., _Result]:
-    """Give the Typer command ``command`` every command-line option of a job.
+def _job(**values: Any) -> dict[str, Any]:
+    """Every job option keyed by ``JobSpec`` field: those given, the others' defaults."""
+    return {**LAUNCHER_DEFAULTS, **{o.field: values[o.name] for o in _COMMAND_LINE}}
 
-    ``command`` declares its own options and a ``job: dict[str, Any]`` parameter. The
-    function returned (what Typer reads) has ``command``'s options and, in place of
-    ``job``, one option per command-line entry of
-    :data:`~meshfl.contract.job_options.JOB_OPTIONS`; it calls ``command`` with every
-    job option in ``job``, keyed by ``JobSpec`` field (the others at their defaults).
-    """
-    own = inspect.signature(command, eval_str=True)
-    parameters = [p for p in own.parameters.values() if p.name != "job"]
-    parameters += [_parameter(o) for o in _COMMAND_LINE]
 
-    @functools.wraps(command)
-    def run(**values: Any) -> _Result:
-        job = {**LAUNCHER_DEFAULTS, **{o.field: values.pop(o.name) for o in _COMMAND_LINE}}
-        return command(**values, job=job)
+_job.__signature__ = inspect.Signature([_parameter(o) for o in _COMMAND_LINE])  # type: ignore[attr-defined]
 
-    run.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
-    run.__annotations__ = {p.name: p.annotation for p in parameters}
-    return run
+with_job_options = option_group(_job, into="job")
+"""Give a Typer command one option per command-line entry of
+:data:`~meshfl.contract.job_options.JOB_OPTIONS` (defaults: ``LAUNCHER_DEFAULTS``); the
+command's ``job: dict[str, Any]`` parameter receives every job option, keyed by
+``JobSpec`` field."""
 
 
 SECURE_DEFAULT_CODEC = "int8"
