@@ -14,15 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from meshfl.app.cli.fleet_common import (
-    DEFAULT_COORDINATOR,
-    CoordinatorUrl,
-    JsonFlag,
-    Token,
+    Api,
     ago,
-    client,
     connection,
     console,
-    print_json,
+    with_api,
+    with_api_no_json,
 )
 from meshfl.app.cli.fleet_tokens import tokens_app
 from meshfl.app.cli.fleet_topology import fleet_topology_app
@@ -48,7 +45,9 @@ Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmat
 
 
 @fleet_app.command("ls")
+@with_api
 def ls(
+    api: Api,
     tag: Annotated[
         list[str] | None, typer.Option("--tag", help="Only devices with this tag (repeatable).")
     ] = None,
@@ -64,9 +63,6 @@ def ls(
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many devices.")] = None,
     offset: Annotated[int | None, typer.Option(min=0, help="Skip this many first.")] = None,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """List devices: id, name, state, online, tags, cores, samples/s, last seen."""
     from meshfl.app.local.fleet_client import DeviceFilter
@@ -79,10 +75,9 @@ def ls(
         limit=limit,
         offset=offset,
     )
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         page = fleet.list_devices(query)
-    if as_json:
-        print_json(page.items)
+    if api.printed_json(page.items):
         return
     out = console()
     if page.items:
@@ -119,22 +114,20 @@ def _device_table(devices: list[DevicePublic]) -> Table:
 
 
 @fleet_app.command("show")
+@with_api
 def show(
+    api: Api,
     device_id: DeviceArg,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Show one device: state, tags, labels, capability profile and ε spent.
 
     With --json, prints the device object of GET /devices/{id} (ε is at
     GET /devices/{id}/privacy).
     """
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         device = fleet.device(device_id)
-        privacy = None if as_json else _privacy(fleet, device_id)
-    if as_json:
-        print_json(device)
+        privacy = None if api.as_json else _privacy(fleet, device_id)
+    if api.printed_json(device):
         return
     from rich.table import Table
 
@@ -197,7 +190,9 @@ def _yes_no(value: object) -> str:
 
 
 @fleet_app.command("tag")
+@with_api
 def tag(
+    api: Api,
     device_id: DeviceArg,
     add: Annotated[list[str] | None, typer.Option("--add", help="Add this tag.")] = None,
     remove: Annotated[list[str] | None, typer.Option("--remove", help="Remove this tag.")] = None,
@@ -207,9 +202,6 @@ def tag(
     unlabel: Annotated[
         list[str] | None, typer.Option("--unlabel", help="Remove the label KEY.")
     ] = None,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Change a device's tags and labels (all options repeatable).
 
@@ -219,7 +211,7 @@ def tag(
     if not (add or remove or label or unlabel):
         raise ConfigError("nothing to change: pass --add, --remove, --label or --unlabel")
     set_labels = dict(_label(text) for text in label or ())
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         device = fleet.device(device_id)
         tags = labels = None
         if add or remove:
@@ -230,8 +222,7 @@ def tag(
             labels = {k: v for k, v in current.items() if k not in set(unlabel or ())}
             labels.update(set_labels)
         device = fleet.patch_device(device_id, tags=tags, labels=labels)
-    if as_json:
-        print_json(device)
+    if api.printed_json(device):
         return
     shown = ", ".join(f"{k}={v}" for k, v in sorted((device.get("labels") or {}).items()))
     typer.echo(
@@ -247,13 +238,11 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _transition(
-    device_id: str, action: str, coordinator: str, token: str | None, as_json: bool
-) -> None:
-    with client(coordinator, token) as fleet:
+def _transition(api: Api, device_id: str, action: str) -> None:
+    """Drain, undrain or revoke a device and print its new state."""
+    with api.client() as fleet:
         device = fleet.device_action(device_id, action)  # type: ignore[arg-type]
-    if as_json:
-        print_json(device)
+    if api.printed_json(device):
         return
     if device is None:
         typer.echo(f"device {device_id}: {action} done")
@@ -262,34 +251,31 @@ def _transition(
 
 
 @fleet_app.command("drain")
+@with_api
 def drain(
+    api: Api,
     device_id: DeviceArg,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Drain a device: it finishes its current round and takes no new work."""
-    _transition(device_id, "drain", coordinator, token, as_json)
+    _transition(api, device_id, "drain")
 
 
 @fleet_app.command("undrain")
+@with_api
 def undrain(
+    api: Api,
     device_id: DeviceArg,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Make a drained device active again (it can be given work)."""
-    _transition(device_id, "undrain", coordinator, token, as_json)
+    _transition(api, device_id, "undrain")
 
 
 @fleet_app.command("revoke")
+@with_api
 def revoke(
+    api: Api,
     device_id: DeviceArg,
     yes: Yes = False,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Revoke a device: its token and broker login stop working, it leaves every job.
 
@@ -299,38 +285,34 @@ def revoke(
         typer.confirm(
             f"revoke device {device_id}? It must enrol again to rejoin", abort=True, err=True
         )
-    _transition(device_id, "revoke", coordinator, token, as_json)
+    _transition(api, device_id, "revoke")
 
 
 @fleet_app.command("delete")
+@with_api_no_json
 def delete(
+    api: Api,
     device_id: DeviceArg,
     yes: Yes = False,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
 ) -> None:
     """Delete a device from the fleet's listings for good (see docs/fleet.md)."""
     if not yes:
         typer.confirm(f"delete device {device_id} for good?", abort=True, err=True)
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         fleet.delete_device(device_id)
     typer.echo(f"device {device_id}: deleted")
 
 
 @fleet_app.command("jobs")
-def jobs(
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
-) -> None:
+@with_api
+def jobs(api: Api) -> None:
     """List jobs with their status, rounds and devices.
 
     Start, follow, pause, resume and stop jobs with `meshfl job`.
     """
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         found = fleet.jobs()
-    if as_json:
-        print_json(found)
+    if api.printed_json(found):
         return
     out = console()
     if not found:

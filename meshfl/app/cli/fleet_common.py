@@ -1,4 +1,9 @@
-"""What every ``meshfl fleet`` command shares: options, the client, output helpers."""
+"""What every ``meshfl fleet`` command shares: options, the client, output helpers.
+
+A command takes the coordinator's options as one :class:`Api` value: decorated with
+:func:`with_api` (``--coordinator``, ``--token``, ``--json``) or :func:`with_api_no_json`
+(a command that prints no API document).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshfl.app.cli.option_group import option_group
 from meshfl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_COORDINATOR",
+    "Api",
     "CoordinatorUrl",
     "JsonFlag",
     "Token",
@@ -30,6 +38,8 @@ __all__ = [
     "parse_ttl",
     "print_json",
     "show_time",
+    "with_api",
+    "with_api_no_json",
 ]
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8080"
@@ -102,6 +112,51 @@ def client(url: str, token: str | None) -> FleetClient:
             " `meshfl fleet tokens api create`, or use the coordinator's admin token)"
         )
     return FleetClient(url, token)
+
+
+@dataclass(frozen=True)
+class Api:
+    """The coordinator a command talks to (``--coordinator``, ``--token``) and ``--json``."""
+
+    url: str
+    token: str | None
+    as_json: bool = False
+
+    def client(self) -> FleetClient:
+        """A :class:`FleetClient` of the coordinator (use it in a ``with`` block).
+
+        Raises
+        ------
+        ConfigError
+            No token was given (neither ``--token`` nor its environment variables).
+
+        """
+        return client(self.url, self.token)
+
+    def printed_json(self, data: Any) -> bool:
+        """Print ``data`` (the API's JSON) if ``--json`` was given; whether it was."""
+        if self.as_json:
+            print_json(data)
+        return self.as_json
+
+
+def _api(
+    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
+    token: Token = None,
+    as_json: JsonFlag = False,
+) -> Api:
+    return Api(coordinator, token, as_json)
+
+
+def _api_no_json(coordinator: CoordinatorUrl = DEFAULT_COORDINATOR, token: Token = None) -> Api:
+    return Api(coordinator, token)
+
+
+with_api = option_group(_api, into="api")
+"""Give a command ``--coordinator``, ``--token`` and ``--json`` as its ``api: Api``."""
+
+with_api_no_json = option_group(_api_no_json, into="api")
+"""Give a command ``--coordinator`` and ``--token`` as its ``api: Api``."""
 
 
 def console() -> Console:

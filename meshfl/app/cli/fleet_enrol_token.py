@@ -12,14 +12,11 @@ from typing import Annotated, Any
 import typer
 
 from meshfl.app.cli.fleet_common import (
-    DEFAULT_COORDINATOR,
-    CoordinatorUrl,
-    JsonFlag,
-    Token,
-    client,
+    Api,
     parse_ttl,
-    print_json,
     show_time,
+    with_api,
+    with_api_no_json,
 )
 
 __all__ = ["enrol_app"]
@@ -37,52 +34,44 @@ def _describe(state: Any) -> str:
 
 
 @enrol_app.command("show")
-def show(
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
-) -> None:
+@with_api
+def show(api: Api) -> None:
     """Show the fleet token's status (off, active, disabled, expired, used up)."""
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         state = fleet.fleet_token()
-    if as_json:
-        print_json(state)
+    if api.printed_json(state):
         return
     typer.echo(_describe(state))
 
 
 @enrol_app.command("rotate")
+@with_api
 def rotate(
+    api: Api,
     uses: Annotated[
         int | None, typer.Option(min=1, help="Devices it may enrol (default: unlimited).")
     ] = None,
     ttl: Annotated[
         str | None, typer.Option(help="Valid for this long: 30m, 12h, 7d (default: no expiry).")
     ] = None,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Replace the fleet token with a new secret (printed once); the old one stops at once."""
     ttl_s = None if ttl is None else parse_ttl(ttl)
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         rotated = fleet.rotate_fleet_token(uses=uses, ttl_s=ttl_s)
-    if as_json:
-        print_json(rotated)
+    if api.printed_json(rotated):
         return
     typer.echo(
         f"{_describe(rotated)}\nsecret (shown only now): {rotated['token']}\n"
         "devices join with:\n"
-        f"  meshfl agent run --coordinator {coordinator} --token {rotated['token']} --data PATH"
+        f"  meshfl agent run --coordinator {api.url} --token {rotated['token']} --data PATH"
     )
 
 
 @enrol_app.command("disable")
-def disable(
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-) -> None:
+@with_api_no_json
+def disable(api: Api) -> None:
     """Refuse the fleet token from now on; enrolled devices keep working."""
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         state = fleet.disable_fleet_token()
     typer.echo(_describe(state))

@@ -8,15 +8,12 @@ from typing import Annotated, Any
 import typer
 
 from meshfl.app.cli.fleet_common import (
-    DEFAULT_COORDINATOR,
-    CoordinatorUrl,
-    JsonFlag,
-    Token,
-    client,
+    Api,
     console,
     parse_ttl,
-    print_json,
     show_time,
+    with_api,
+    with_api_no_json,
 )
 from meshfl.app.cli.fleet_enrol_token import enrol_app
 
@@ -48,16 +45,12 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: list[tuple[str, Any]]) ->
 
 
 @tokens_app.command("ls")
-def ls(
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
-) -> None:
+@with_api
+def ls(api: Api) -> None:
     """List enrolment tokens (never their secrets): uses left, expiry, tags, state."""
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         rows = fleet.enrolment_tokens()
-    if as_json:
-        print_json(rows)
+    if api.printed_json(rows):
         return
     if not rows:
         console().print("no enrolment tokens; create one with `meshfl fleet tokens create`")
@@ -76,7 +69,9 @@ def ls(
 
 
 @tokens_app.command("create")
+@with_api
 def create(
+    api: Api,
     uses: Annotated[
         int, typer.Option(min=1, help="How many devices may enrol with it (1: one-time).")
     ] = 1,
@@ -86,49 +81,41 @@ def create(
         typer.Option("--tag", help="Tag given to every device enrolled with it (repeatable)."),
     ] = None,
     name: Name = None,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Create an enrolment token and print its secret (shown only this once)."""
     ttl_s = parse_ttl(ttl)
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         created = fleet.create_enrolment_token(uses=uses, ttl_s=ttl_s, tags=tag or (), name=name)
-    if as_json:
-        print_json(created)
+    if api.printed_json(created):
         return
     typer.echo(
         f"enrolment token {created['token_id']}: {created['uses']} use(s), expires"
         f" {show_time(created['expires_at'])}, tags {', '.join(created['tags']) or 'none'}\n"
         f"secret (shown only now): {created['token']}\n"
         "a device joins with:\n"
-        f"  meshfl agent run --coordinator {coordinator} --token {created['token']} --data PATH"
+        f"  meshfl agent run --coordinator {api.url} --token {created['token']} --data PATH"
     )
 
 
 @tokens_app.command("revoke")
+@with_api_no_json
 def revoke(
+    api: Api,
     token_id: TokenId,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
 ) -> None:
     """Revoke an enrolment token: no device can enrol with it any more."""
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         fleet.revoke_enrolment_token(token_id)
     typer.echo(f"enrolment token {token_id}: revoked")
 
 
 @api_app.command("ls")
-def api_ls(
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
-) -> None:
+@with_api
+def api_ls(api: Api) -> None:
     """List API tokens (never their secrets): role, name, expiry, state."""
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         rows = fleet.api_tokens()
-    if as_json:
-        print_json(rows)
+    if api.printed_json(rows):
         return
     if not rows:
         console().print("no API tokens; create one with `meshfl fleet tokens api create`")
@@ -146,7 +133,9 @@ def api_ls(
 
 
 @api_app.command("create")
+@with_api
 def api_create(
+    api: Api,
     role: Annotated[
         str, typer.Option(help="admin (everything), operator (reads and changes), read-only.")
     ] = "read-only",
@@ -154,16 +143,12 @@ def api_create(
     ttl: Annotated[
         str | None, typer.Option(help="Valid for this long: 30m, 12h, 90d (default: no expiry).")
     ] = None,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Create an API token and print its secret (shown only this once)."""
     ttl_s = None if ttl is None else parse_ttl(ttl)
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         created = fleet.create_api_token(role, name=name, ttl_s=ttl_s)
-    if as_json:
-        print_json(created)
+    if api.printed_json(created):
         return
     typer.echo(
         f"API token {created['token_id']}: role {created['role']}, expires"
@@ -171,17 +156,17 @@ def api_create(
         f"secret (shown only now): {created['token']}\n"
         "use it with:\n"
         f"  export MESHFL_API_TOKEN={created['token']}   # then: meshfl fleet ls\n"
-        f"  curl -H 'Authorization: Bearer {created['token']}' {coordinator}/api/v1/devices"
+        f"  curl -H 'Authorization: Bearer {created['token']}' {api.url}/api/v1/devices"
     )
 
 
 @api_app.command("revoke")
+@with_api_no_json
 def api_revoke(
+    api: Api,
     token_id: TokenId,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
 ) -> None:
     """Revoke an API token: its next request is refused (401)."""
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         fleet.revoke_api_token(token_id)
     typer.echo(f"API token {token_id}: revoked")

@@ -8,14 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from meshfl.app.cli.fleet_common import (
-    DEFAULT_COORDINATOR,
-    CoordinatorUrl,
-    JsonFlag,
-    Token,
+    Api,
     ago,
-    client,
     console,
-    print_json,
+    with_api,
 )
 from meshfl.errors import ConfigError
 
@@ -36,19 +32,14 @@ _PARAMETERS = ("topology_degree", "topology_probability", "topology_seed", "mixi
 
 
 @fleet_topology_app.callback()
-def show(
-    ctx: typer.Context,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
-) -> None:
+@with_api
+def show(ctx: typer.Context, api: Api) -> None:
     """Show the fleet topology: kind, parameters, nodes, edges with weights, spectral gap."""
     if ctx.invoked_subcommand is not None:
         return
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         document = fleet.fleet_topology()
-    if as_json:
-        print_json(document)
+    if api.printed_json(document):
         return
     render(document)
 
@@ -104,7 +95,9 @@ def render(document: FleetTopology) -> None:
 
 
 @fleet_topology_app.command("set")
+@with_api
 def set_topology(
+    api: Api,
     kind: Annotated[
         str | None,
         typer.Option(
@@ -126,9 +119,6 @@ def set_topology(
         Path | None,
         typer.Option(help='A JSON edge list {"n": N, "edges": [[i, j], ...]} instead of a kind.'),
     ] = None,
-    coordinator: CoordinatorUrl = DEFAULT_COORDINATOR,
-    token: Token = None,
-    as_json: JsonFlag = False,
 ) -> None:
     """Set the fleet's default topology: a kind with its parameters, or a custom graph."""
     body = _setting(kind, custom)
@@ -136,10 +126,9 @@ def set_topology(
                          ("topology_seed", seed), ("mixing", mixing)):  # fmt: skip
         if value is not None:
             body[field] = value
-    with client(coordinator, token) as fleet:
+    with api.client() as fleet:
         document = fleet.set_fleet_topology(cast("TopologySetting", body))
-    if as_json:
-        print_json(document)
+    if api.printed_json(document):
         return
     render(document)
 

@@ -16,9 +16,7 @@ from meshfl.app.cli.model import (
     ModelKwargsOption,
     ModelOption,
     model_layout,
-    parse_hidden,
-    parse_image_shape,
-    parse_kwargs,
+    parse_model_options,
 )
 from meshfl.app.cli.options import privacy_defaults, with_job_options
 from meshfl.app.local.admin import AdminClient
@@ -57,16 +55,9 @@ def _model_spec(
     model_hash: str | None,
 ) -> ModelSpec:
     """The job's model; a user model's hash is --model-hash or computed by building it here."""
-    from meshfl.modelspec import from_options, is_custom
+    from meshfl.modelspec import is_custom
 
-    spec = from_options(
-        model,
-        input_dim,
-        num_classes,
-        hidden=parse_hidden(hidden),
-        image_shape=parse_image_shape(image_shape),
-        kwargs=parse_kwargs(kwargs),
-    )
+    spec = parse_model_options(model, input_dim, num_classes, hidden, image_shape, kwargs)
     if model_hash is not None:
         spec["hash"] = model_hash  # the coordinator checks its form (and a zoo model's value)
     elif is_custom(spec):

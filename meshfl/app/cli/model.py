@@ -20,6 +20,7 @@ __all__ = [
     "parse_hidden",
     "parse_image_shape",
     "parse_kwargs",
+    "parse_model_options",
 ]
 
 model_app = typer.Typer(help="Inspect models: layout, parameter count, spec hash.")
@@ -90,6 +91,39 @@ def parse_kwargs(text: str | None, option: str = "--model-kwargs") -> dict[str, 
     return value
 
 
+def parse_model_options(
+    model: str,
+    input_dim: int,
+    num_classes: int,
+    hidden: str | None,
+    image_shape: str | None,
+    kwargs: str | None,
+    kwargs_option: str = "--model-kwargs",
+) -> ModelSpec:
+    """The model spec of a command's model options, given as text.
+
+    ``hidden``, ``image_shape`` and ``kwargs`` are the text of ``--hidden``,
+    ``--image-shape`` and the keyword-arguments option named ``kwargs_option``.
+
+    Raises
+    ------
+    ConfigError
+        An option that does not parse, or a spec :func:`meshfl.modelspec.from_options`
+        refuses.
+
+    """
+    from meshfl.modelspec import from_options
+
+    return from_options(
+        model,
+        input_dim,
+        num_classes,
+        hidden=parse_hidden(hidden),
+        image_shape=parse_image_shape(image_shape),
+        kwargs=parse_kwargs(kwargs, kwargs_option),
+    )
+
+
 def model_layout(spec: ModelSpec) -> tuple[list[tuple[str, tuple[int, ...], str]], str]:
     """The spec's layout and hash: computed without torch for a zoo model, built for a custom.
 
@@ -137,15 +171,10 @@ def spec(
     put the printed hash in the job's model spec ("hash") so that devices with other
     model code decline the job.
     """
-    from meshfl.modelspec import describe, from_options, parameter_count
+    from meshfl.modelspec import describe, parameter_count
 
-    spec_ = from_options(
-        model,
-        input_dim,
-        num_classes,
-        hidden=parse_hidden(hidden),
-        image_shape=parse_image_shape(image_shape),
-        kwargs=parse_kwargs(kwargs, "--kwargs"),
+    spec_ = parse_model_options(
+        model, input_dim, num_classes, hidden, image_shape, kwargs, "--kwargs"
     )
     entries, digest = model_layout(spec_)
     spec_["hash"] = digest
