@@ -343,21 +343,25 @@ def test_meshfl_local_builds_the_model_spec_from_its_options(user_models):
 
 
 def test_meshfl_job_start_builds_the_model_spec_from_its_options(user_models):
-    from meshfl.app.cli.job import _model_spec
+    from meshfl.app.cli.job import _with_hash
+    from meshfl.app.cli.model import parse_model_options
 
-    assert _model_spec("mlp", 64, 10, None, None, None, None) == from_options("mlp", 64, 10)
-    resnet = _model_spec("resnet", 48, 3, "4,8", "3,4,4", None, None)
+    def _model_spec(*options, model_hash=None):  # what `meshfl job start` sends
+        return _with_hash(parse_model_options(*options), model_hash)
+
+    assert _model_spec("mlp", 64, 10, None, None, None) == from_options("mlp", 64, 10)
+    resnet = _model_spec("resnet", 48, 3, "4,8", "3,4,4", None)
     assert resnet["image_shape"] == [3, 4, 4] and resnet["hidden"] == [4, 8]
     factory = f"{user_models}:make_net"
     kwargs = '{"input_dim": 64, "num_classes": 10}'
-    given = _model_spec(factory, 64, 10, None, None, kwargs, "d" * 64)
+    given = _model_spec(factory, 64, 10, None, None, kwargs, model_hash="d" * 64)
     assert given["hash"] == "d" * 64 and given["kwargs"] == json.loads(kwargs)
-    built = _model_spec(factory, 64, 10, None, None, kwargs, None)
+    built = _model_spec(factory, 64, 10, None, None, kwargs)
     assert built["hash"] == spec_hash(build_model(built, seed=0))
     with pytest.raises(ConfigError, match="--model-kwargs is not valid JSON"):
-        _model_spec(factory, 64, 10, None, None, "{width: 3}", None)
+        _model_spec(factory, 64, 10, None, None, "{width: 3}")
     with pytest.raises(ConfigError, match="--image-shape"):
-        _model_spec("lenet", 64, 10, None, "8,8", None, None)
+        _model_spec("lenet", 64, 10, None, "8,8", None)
 
 
 def test_a_factory_that_takes_the_sizes_gets_them_from_the_spec(tmp_path, monkeypatch):

@@ -45,19 +45,10 @@ AdminToken = Annotated[
 ]
 
 
-def _model_spec(
-    model: str,
-    input_dim: int,
-    num_classes: int,
-    hidden: str | None,
-    image_shape: str | None,
-    kwargs: str | None,
-    model_hash: str | None,
-) -> ModelSpec:
-    """The job's model; a user model's hash is --model-hash or computed by building it here."""
+def _with_hash(spec: ModelSpec, model_hash: str | None) -> ModelSpec:
+    """The job's model with its hash: --model-hash, or computed by building a user model here."""
     from meshfl.modelspec import is_custom
 
-    spec = parse_model_options(model, input_dim, num_classes, hidden, image_shape, kwargs)
     if model_hash is not None:
         spec["hash"] = model_hash  # the coordinator checks its form (and a zoo model's value)
     elif is_custom(spec):
@@ -114,8 +105,9 @@ def start(
     label = Path(job["topology"]).stem if "custom_graph" in topology_fields else job["topology"]
     spec = {
         "name": f"{job['algorithm']}-{job['codec']}-{label}",
-        "model": _model_spec(
-            model, input_dim, num_classes, hidden, image_shape, model_kwargs, model_hash
+        "model": _with_hash(
+            parse_model_options(model, input_dim, num_classes, hidden, image_shape, model_kwargs),
+            model_hash,
         ),
         **job_spec_fields(job),
         **topology_fields,
