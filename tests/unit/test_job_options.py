@@ -74,6 +74,7 @@ def test_the_launcher_config_takes_every_job_option_with_its_default() -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(LocalConfig)}
 
     assert {o.field: defaults[o.field] for o in JOB_OPTIONS} == dict(LAUNCHER_DEFAULTS)
+    assert LocalConfig().job_options() == dict(LAUNCHER_DEFAULTS)
 
 
 def test_the_launcher_departs_from_a_bare_rest_job_only_where_its_overrides_say() -> None:

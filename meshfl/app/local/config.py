@@ -1,5 +1,9 @@
 """The options of ``meshfl local``: :class:`LocalConfig`, its defaults and privacy fields.
 
+A job's options are the fields of the one table, :data:`meshfl.contract.JOB_OPTIONS`,
+with the launcher's defaults (:data:`meshfl.contract.LAUNCHER_DEFAULTS`); the other
+fields are the launcher's own.
+
 Its own module so that the launcher's parts (fleet, chaos, monitor, report, ...) read
 the config without importing :mod:`meshfl.app.local.run`, which imports them.
 """
@@ -10,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshfl.contract.job_options import DEFAULT_MODEL, LAUNCHER_DEFAULTS
+from meshfl.contract.job_options import DEFAULT_MODEL, JOB_OPTIONS, LAUNCHER_DEFAULTS
 
 __all__ = ["DEFAULTS", "PRIVACY_FIELDS", "LocalConfig"]
 
@@ -23,9 +27,10 @@ class LocalConfig:
     """Options of ``meshfl local`` (defaults: W1, CHOCO-SGD sign, complete, momentum 0.9).
 
     The defaults are CHOCO-SGD with the sign codec on the complete graph, γ 1, local
-    heavy-ball momentum 0.9 (README, "why these defaults"; BENCHMARKS.md).
+    heavy-ball momentum 0.9 (README, "why these defaults"; BENCHMARKS.md;
+    :data:`meshfl.contract.LAUNCHER_OVERRIDES`).
 
-    Most fields are the ``JobSpec``'s (``topology`` may also be a path to a JSON edge
+    The job options are the ``JobSpec``'s (``topology`` may also be a path to a JSON edge
     list, sent as ``custom_graph``; ``topology_seed`` None means ``seed``;
     ``min_battery_percent`` 0 turns the battery rule off; ``elastic`` is implied by
     ``join_at``). The per-device fields (:mod:`meshfl.app.local.fleet`) name devices
@@ -116,6 +121,10 @@ class LocalConfig:
     dp_delta: float = _DEFAULT["dp_delta"]
     dp_epsilon_budget: float = _DEFAULT["dp_epsilon_budget"]
     robust: str | None = _DEFAULT["robust"]
+
+    def job_options(self) -> dict[str, Any]:
+        """The job options of this run, keyed by ``JobSpec`` field (one per ``JOB_OPTIONS``)."""
+        return {o.field: getattr(self, o.field) for o in JOB_OPTIONS}
 
 
 DEFAULTS = LocalConfig()

@@ -13,7 +13,7 @@ import numpy as np
 
 from meshfl.app.local.config import LocalConfig
 from meshfl.app.local.validation import topology_fields
-from meshfl.contract import JOB_OPTIONS, MAX_CLASSES, JobSpec, ModelSpec, job_spec_fields
+from meshfl.contract import MAX_CLASSES, JobSpec, ModelSpec, job_spec_fields
 from meshfl.errors import ConfigError, DataError
 
 __all__ = ["check_codec_policy", "job_spec", "model_spec", "prepare_data"]
@@ -105,8 +105,7 @@ def job_spec(config: LocalConfig, test_file: Path) -> JobSpec:
     classes = int(y.max()) + 1  # the stratified test set holds every class
     if config.dataset in ("digits", "mnist1d"):
         classes = 10
-    options = {o.field: getattr(config, o.field) for o in JOB_OPTIONS}
-    options["elastic"] = config.elastic or bool(config.join_at)
+    options = {**config.job_options(), "elastic": config.elastic or bool(config.join_at)}
     spec = {
         "name": f"local-{Path(config.dataset).stem}",
         "model": model_spec(config, int(x.shape[1]), classes),

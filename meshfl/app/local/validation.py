@@ -10,7 +10,7 @@ from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.app.local.fleet import validate_fleet
 from meshfl.app.local.inprocess import MAX_IN_PROCESS_AGENTS
 from meshfl.app.local.lab.chaos import validate_chaos
-from meshfl.contract import JOB_MODES, JOB_OPTIONS, JOB_TOPOLOGIES, check_job_options
+from meshfl.contract import JOB_MODES, JOB_TOPOLOGIES, check_job_options
 from meshfl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def validate(config: LocalConfig) -> None:
     most = MAX_IN_PROCESS_AGENTS if config.in_process else MAX_AGENTS
     if not 2 <= config.agents <= most:
         raise ConfigError(f"--agents must be between 2 and {most} (got {config.agents})")
-    check_job_options({o.field: getattr(config, o.field) for o in JOB_OPTIONS})
+    check_job_options(config.job_options())
     if not (math.isfinite(config.alpha) and config.alpha > 0):
         raise ConfigError(f"--alpha must be a positive number (got {config.alpha})")
     if config.model_seed is not None and not 0 <= config.model_seed < 2**32:
