@@ -50,7 +50,7 @@ from coordinator.planning import (
 )
 from coordinator.settings import CoordinatorSettings
 from meshfl.aggregation.privacy import PrivacyOptions
-from meshfl.contract import JobSpec, TopologyEvent, TopologyEventKind
+from meshfl.contract import JobSpec, TopologyEvent, TopologyEventKind, spec_value
 from meshfl.topology import Graph, add_node, exponential, one_peer_exponential, remove_node
 
 __all__ = [
@@ -321,7 +321,7 @@ def battery_departure(job: Job, row: JobDevice, device: Device) -> str | None:
     Only for a running job whose spec sets ``min_battery_percent`` > 0, and a participant
     neither done nor left whose latest profile is below it and not charging.
     """
-    threshold = float(job.spec.get("min_battery_percent", 0.0))
+    threshold = float(spec_value(job.spec, "min_battery_percent"))
     if job.status != "running" or threshold <= 0 or row.done or row.left_round is not None:
         return None
     return battery_reasons([device], threshold).get(device.id)
@@ -345,7 +345,7 @@ def elastic_job(session: Session, device: Device) -> Job | None:
             continue
         if next_from_round(session, job) > int(spec["rounds"]):
             continue
-        if battery_reasons([device], float(spec.get("min_battery_percent", 0.0))):
+        if battery_reasons([device], float(spec_value(spec, "min_battery_percent"))):
             continue
         return job
     return None
@@ -374,7 +374,7 @@ def may_rejoin(session: Session, job: Job, row: JobDevice, device: Device) -> bo
         return False
     if next_from_round(session, job) > int(spec["rounds"]):
         return False
-    return not battery_reasons([device], float(spec.get("min_battery_percent", 0.0)))
+    return not battery_reasons([device], float(spec_value(spec, "min_battery_percent")))
 
 
 def _left_for_silence(topo: Mapping[str, Any], device_id: str) -> bool:

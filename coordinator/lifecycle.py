@@ -28,7 +28,7 @@ from coordinator.errors import Conflict
 from coordinator.settings import CoordinatorSettings
 from coordinator.validation import MAX_SECURE_KEYS
 from meshfl.aggregation.privacy import PrivacyOptions
-from meshfl.contract import DeviceDone, JobSpec, TopologyEvent
+from meshfl.contract import DeviceDone, JobSpec, TopologyEvent, spec_value
 from meshfl.errors import ConfigError, TopologyError
 
 __all__ = [
@@ -97,7 +97,7 @@ def start_job(
         and d.profile.get("role") != "inference"  # serve-only agents never train
         and planning.selects(selector, d)
     ]
-    sit_out = planning.battery_reasons(live, float(spec.get("min_battery_percent", 0.0)))
+    sit_out = planning.battery_reasons(live, float(spec_value(spec, "min_battery_percent")))
     eligible = [d for d in live if d.id not in sit_out]
     if not eligible or len(eligible) < wanted:
         low = f" ({len(sit_out)} more sit out, low on battery)" if sit_out else ""

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.db import Device
-from meshfl.contract import DevicePlan, JobSpec
+from meshfl.contract import DevicePlan, JobSpec, spec_value
 from meshfl.errors import ConfigError
 from meshfl.modelspec import is_custom, layout, parameter_count
 from meshfl.planning import battery_sit_out, link_aware_graph, no_wait, plan_devices
@@ -72,11 +72,6 @@ PLAN_ROUND_FLOOR_S = 0.1
 """Seconds of a round the planner assumes go to communication (MQTT round trips, the
 consensus step, evaluation): local training shorter than this is never cut."""
 
-_DEFAULT_DEGREE = 4
-_DEFAULT_PROBABILITY = 0.3
-_DEFAULT_BUDGET_S = 0.05
-_DEFAULT_MIXING = "metropolis-hastings"
-
 
 def topology_params(spec: JobSpec) -> dict[str, Any]:
     """The graph parameters of ``spec`` with their defaults filled in.
@@ -85,10 +80,10 @@ def topology_params(spec: JobSpec) -> dict[str, Any]:
     ``metropolis-hastings``.
     """
     return {
-        "degree": int(spec.get("topology_degree", _DEFAULT_DEGREE)),
-        "probability": float(spec.get("topology_probability", _DEFAULT_PROBABILITY)),
+        "degree": int(spec_value(spec, "topology_degree")),
+        "probability": float(spec_value(spec, "topology_probability")),
         "seed": int(spec.get("topology_seed", spec["seed"])),
-        "mixing": str(spec.get("mixing", _DEFAULT_MIXING)),
+        "mixing": str(spec_value(spec, "mixing")),
     }
 
 
@@ -233,9 +228,9 @@ def device_plans(spec: JobSpec, devices: Sequence[Device]) -> dict[str, DevicePl
         uplinks(devices),
         [_measured(p, "battery_percent") for p in profiles],
         [_charging(p) for p in profiles],
-        budget_s=float(spec.get("uplink_budget_s", _DEFAULT_BUDGET_S)),
+        budget_s=float(spec_value(spec, "uplink_budget_s")),
         dense_bytes=dense_bytes(spec),
-        min_battery_percent=float(spec.get("min_battery_percent", 0.0)),
+        min_battery_percent=float(spec_value(spec, "min_battery_percent")),
         work_samples=[None if n is None else epochs * n for n in samples],
         round_floor_s=PLAN_ROUND_FLOOR_S,
     )
@@ -285,7 +280,7 @@ def weights(topology: Mapping[str, Any]) -> np.ndarray:
     ``params.mixing`` (Metropolis–Hastings when absent); equal to the W computed when
     the version was planned, since the inputs are the same.
     """
-    rule = str(topology.get("params", {}).get("mixing", _DEFAULT_MIXING))
+    rule = str(spec_value(topology.get("params", {}), "mixing"))
     return mixing_matrix(graph_of(topology), rule)
 
 

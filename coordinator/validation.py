@@ -19,6 +19,7 @@ from meshfl.contract import (
     JobSpec,
     RoundMetrics,
     TopologySetting,
+    spec_value,
 )
 from meshfl.errors import CodecSpecError, ConfigError, TopologyError
 from meshfl.modelspec import ZOO_MODELS, check_sizes, with_hash
@@ -122,10 +123,10 @@ def validate_spec(spec: JobSpec) -> None:
         value = spec[field]  # type: ignore[literal-required]
         if isinstance(value, bool) or not math.isfinite(value) or not ok(value):
             raise ConfigError(f"spec.{field} = {value!r} is invalid; it must be {must_be}")
-    growth = spec.get("keyframe_growth", 0.0)
+    growth = spec_value(spec, "keyframe_growth")
     if isinstance(growth, bool) or not (math.isfinite(growth) and (growth == 0 or growth > 1)):
         raise ConfigError(f"spec.keyframe_growth = {growth!r} must be 0 (off) or a number > 1")
-    beta = spec.get("local_momentum", 0.0)
+    beta = spec_value(spec, "local_momentum")
     if isinstance(beta, bool) or not (math.isfinite(beta) and 0 <= beta < 1):
         raise ConfigError(f"spec.local_momentum = {beta!r} must be a number in [0, 1) (0: off)")
     for field in ("dense_below", "byte_budget"):
@@ -148,7 +149,7 @@ def validate_spec(spec: JobSpec) -> None:
         parse_codec(spec["codec"])
     except CodecSpecError as exc:
         raise ConfigError(f"spec.codec = {spec['codec']!r} is invalid: {exc}") from exc
-    if spec.get("byte_budget", 0) and parse_codec(spec["codec"]).name not in ("topk", "randk"):
+    if spec.get("byte_budget") and parse_codec(spec["codec"]).name not in ("topk", "randk"):
         raise ConfigError(
             f"spec.byte_budget sets a sparsifier's density but spec.codec = {spec['codec']!r};"
             " use topk:D or randk:D"
@@ -207,7 +208,7 @@ def _check_fields(doc: Mapping[str, Any], rules: Sequence[_OptionalRule], prefix
 def _check_kind(doc: Mapping[str, Any], prefix: str) -> str:
     """The topology fields shared by a job spec and the fleet setting; returns the kind."""
     _check_fields(doc, _OPTIONAL_RULES[:3], prefix)
-    mixing = doc.get("mixing", "metropolis-hastings")
+    mixing = spec_value(doc, "mixing")
     if mixing not in MIXING_RULES:
         raise ConfigError(f"{prefix}mixing = {mixing!r}; use one of {', '.join(MIXING_RULES)}")
     kind = doc.get("topology")
@@ -265,7 +266,7 @@ def _validate_topology(spec: JobSpec) -> Graph | None:
     Returns the graph when ``spec.devices`` (or a custom graph) fixes it, else ``None``.
     """
     _check_fields(spec, _OPTIONAL_RULES, "spec.")
-    mode = spec.get("mode", "sync")
+    mode = spec_value(spec, "mode")
     if mode not in JOB_MODES:
         raise ConfigError(f"spec.mode = {mode!r}; use one of {', '.join(JOB_MODES)}")
     kind = _check_kind(spec, "spec.")
@@ -278,8 +279,8 @@ def _validate_topology(spec: JobSpec) -> Graph | None:
         graph = build_graph(
             kind,
             n,
-            degree=spec.get("topology_degree", 4),
-            probability=spec.get("topology_probability", 0.3),
+            degree=spec_value(spec, "topology_degree"),
+            probability=spec_value(spec, "topology_probability"),
             seed=spec.get("topology_seed", spec["seed"]),
         )
     except (ConfigError, TopologyError) as exc:

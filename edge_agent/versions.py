@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from meshfl.contract import Assignment
+from meshfl.contract import Assignment, spec_value
 from meshfl.errors import TopologyError
 from meshfl.topology import Graph, mixing_matrix, one_peer_exponential
 from meshfl.wire.control import ControlMessage
@@ -48,7 +48,7 @@ class TopologyVersion:
             version=int(assignment["topology_version"]),
             from_round=int(assignment["from_round"]),
             kind=spec["topology"],
-            mixing=spec.get("mixing", "metropolis-hastings"),
+            mixing=spec_value(spec, "mixing"),
             devices=tuple(assignment["devices"]),
             position=int(assignment["position"]),
             neighbours={n["device_id"]: float(n["weight"]) for n in assignment["neighbours"]},

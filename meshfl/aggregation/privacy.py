@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshfl.aggregation.secure import FixedPoint
-from meshfl.contract.job_options import JOB_DEFAULTS
+from meshfl.contract.job_options import JOB_DEFAULTS, spec_value
 from meshfl.errors import ConfigError
 
 __all__ = [
@@ -148,8 +148,8 @@ def secure_quantization_bits(codec_spec: str) -> tuple[int, float]:
     raise ConfigError(f"codec {codec_spec!r} cannot be used with secure aggregation: {why}")
 
 
-def _number(spec: Mapping[str, Any], key: str, default: float) -> float:
-    value = spec.get(key, default)
+def _number(spec: Mapping[str, Any], key: str) -> float:
+    value = spec_value(spec, key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
     return float(value)
@@ -220,7 +220,7 @@ class PrivacyOptions:
             A value out of range or a combination that cannot work, with the reason.
 
         """
-        threshold = spec.get("secure_aggregation", 0)
+        threshold = spec_value(spec, "secure_aggregation")
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise ConfigError(
                 f"secure_aggregation must be an integer threshold >= 0, got {threshold!r}"
@@ -230,14 +230,14 @@ class PrivacyOptions:
                 "secure aggregation threshold 1 lets one device unmask alone; use t >= 2"
                 " (more than half the neighbourhood is recommended)"
             )
-        secure_range = _number(spec, "secure_range", DEFAULT_SECURE_RANGE)
+        secure_range = _number(spec, "secure_range")
         if secure_range <= 0:
             raise ConfigError(f"secure_range must be > 0, got {secure_range!r}")
-        sigma = _number(spec, "dp_noise_multiplier", 0.0)
-        clip = _number(spec, "dp_clip", 0.0)
-        delta = _number(spec, "dp_delta", DEFAULT_DP_DELTA)
-        budget = _number(spec, "dp_epsilon_budget", 0.0)
-        mode = spec.get("dp_mode", "local")
+        sigma = _number(spec, "dp_noise_multiplier")
+        clip = _number(spec, "dp_clip")
+        delta = _number(spec, "dp_delta")
+        budget = _number(spec, "dp_epsilon_budget")
+        mode = spec_value(spec, "dp_mode")
         if sigma < 0 or clip < 0 or budget < 0:
             raise ConfigError("dp_noise_multiplier, dp_clip and dp_epsilon_budget must be >= 0")
         if sigma and not MIN_SIGMA <= sigma <= MAX_SIGMA:
@@ -260,7 +260,7 @@ class PrivacyOptions:
         return options
 
     def _check_combination(self, spec: Mapping[str, Any]) -> None:
-        algorithm = spec.get("algorithm", "choco")
+        algorithm = spec_value(spec, "algorithm")
         if self.dp and self.clip <= 0:
             raise ConfigError("dp_noise_multiplier needs dp_clip > 0 (the clipping norm C)")
         if self.clip > 0 and not self.dp:
@@ -272,7 +272,7 @@ class PrivacyOptions:
                 "differential privacy clips and noises a delta; D-PSGD sends whole models:"
                 " use algorithm choco"
             )
-        if self.dp and spec.get("keyframe_growth", 0.0):
+        if self.dp and spec_value(spec, "keyframe_growth"):
             raise ConfigError(
                 "error-triggered keyframes cannot repair a DP replica (under DP a keyframe"
                 " re-sends the public replica, not the model): set keyframe_growth to 0"
@@ -293,7 +293,7 @@ class PrivacyOptions:
             raise ConfigError(
                 "secure aggregation works with CHOCO-SGD's per-edge messages; use algorithm choco"
             )
-        if spec.get("mode", "sync") != "sync":
+        if spec_value(spec, "mode") != "sync":
             raise ConfigError(
                 "secure aggregation needs sync rounds (every neighbourhood unmasks one round at a"
                 " time); use mode sync"
@@ -303,7 +303,7 @@ class PrivacyOptions:
                 "secure aggregation needs a fixed neighbourhood for the whole job; do not use"
                 " elastic or one-peer-exponential"
             )
-        if spec.get("keyframe_growth", 0.0):
+        if spec_value(spec, "keyframe_growth"):
             raise ConfigError(
                 "keyframes are unmasked models; secure aggregation cannot send them: set"
                 " keyframe_growth to 0"

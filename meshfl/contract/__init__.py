@@ -135,6 +135,7 @@ from meshfl.contract.job_options import (
     JobOption,
     check_job_options,
     job_spec_fields,
+    spec_value,
 )
 from meshfl.contract.jobs import (
     JOB_MODES,
@@ -266,6 +267,7 @@ __all__ = [
     "check_job_options",
     "enrol_proof_message",
     "job_spec_fields",
+    "spec_value",
 ]
 
 API_PREFIX = "/api/v1"

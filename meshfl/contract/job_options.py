@@ -36,6 +36,7 @@ __all__ = [
     "JobOption",
     "check_job_options",
     "job_spec_fields",
+    "spec_value",
 ]
 
 
@@ -214,3 +215,8 @@ def check_job_options(values: Mapping[str, Any]) -> None:
         value = values[o.field]
         if o.check is not None and not o.check(value):
             raise ConfigError(f"{o.flag} must be {o.rule} (got {value!r})")
+
+
+def spec_value(spec: Mapping[str, Any], field: str) -> Any:
+    """``spec[field]``, or the job option's default when the spec leaves it out."""
+    return spec.get(field, JOB_DEFAULTS[field])

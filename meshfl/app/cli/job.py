@@ -23,7 +23,6 @@ from meshfl.app.local.admin import AdminClient
 from meshfl.app.local.validation import topology_fields as local_topology_fields
 from meshfl.contract import (
     DEFAULT_MODEL,
-    JOB_DEFAULTS,
     JobDevicePublic,
     JobPublic,
     ModelSpec,
@@ -31,6 +30,7 @@ from meshfl.contract import (
     TopologyPublic,
     check_job_options,
     job_spec_fields,
+    spec_value,
 )
 from meshfl.errors import MeshflError
 
@@ -248,7 +248,7 @@ def _summary(job: JobPublic, rounds: list[RoundSummary]) -> None:
         )
     spent = [e for d in job["devices"] if (e := d.get("epsilon_spent"))]
     if spent:
-        delta = job["spec"].get("dp_delta", JOB_DEFAULTS["dp_delta"])
+        delta = spec_value(job["spec"], "dp_delta")
         typer.echo(f"ε spent per device {min(spent):.3g}–{max(spent):.3g} at δ = {delta:g}")
     if job["status"] == "failed":
         typer.echo("no device finished the job: see the reasons above", err=True)
