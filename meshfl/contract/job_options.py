@@ -7,7 +7,9 @@
 - the fields and defaults of the launcher's :class:`~meshfl.app.local.config.LocalConfig`;
 - the :class:`~meshfl.contract.jobs.JobSpec` fields a command sends
   (:func:`job_spec_fields`) and the one-line refusal of an out-of-range value
-  (:func:`check_job_options`).
+  (:func:`check_job_options`);
+- the value the coordinator and the agent read for a field a spec leaves out
+  (:func:`spec_value`).
 
 A new job option is one :class:`JobOption` here, a ``JobSpec`` field of the same name
 (``meshfl/contract/jobs.py``) and a ``LocalConfig`` field (``meshfl/app/local/config.py``);
