@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from typing import Annotated
 
 import click
 import pytest
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from meshfl.app.cli.job import job_app
 from meshfl.app.cli.local import local
+from meshfl.app.cli.option_group import option_group
 from meshfl.app.local.config import LocalConfig
 from meshfl.contract import (
     JOB_DEFAULTS,
@@ -23,6 +25,7 @@ from meshfl.contract import (
     JobSpec,
     check_job_options,
     job_spec_fields,
+    spec_value,
 )
 from meshfl.errors import ConfigError
 
@@ -125,3 +128,30 @@ def test_an_out_of_range_option_is_refused_in_one_line_naming_its_flag(
 def test_the_defaults_pass_their_own_checks() -> None:
     check_job_options(LAUNCHER_DEFAULTS)
     check_job_options(JOB_DEFAULTS)
+
+
+def test_an_app_reads_a_field_the_spec_leaves_out_as_its_default() -> None:
+    assert spec_value({"mode": "async"}, "mode") == "async"
+    assert spec_value({}, "staleness") == JOB_DEFAULTS["staleness"] == 2
+
+
+def test_an_option_group_gives_a_command_its_options_as_one_value() -> None:
+    def build(
+        width: Annotated[int, typer.Option(help="Width.")] = 3,
+        tall: Annotated[bool, typer.Option(help="Tall.")] = False,
+    ) -> tuple[int, bool]:
+        return width, tall
+
+    seen: list[object] = []
+
+    @option_group(build, into="shape")
+    def command(name: str, shape: tuple[int, bool]) -> None:
+        seen.append((name, shape))
+
+    app = typer.Typer()
+    app.command()(command)
+
+    result = CliRunner().invoke(app, ["box", "--width", "5", "--tall"])
+
+    assert result.exit_code == 0, result.output
+    assert seen == [("box", (5, True))]
