@@ -34,10 +34,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edge_agent.round_engine import RoundHooks, wait_at_start_barrier
 from edge_agent.secagg.crypto import (
     JobKeys,
     split_secret,
@@ -82,6 +84,9 @@ from meshfl.wire.shares import (
 )
 from meshfl.wire.status import encode_status
 
+if TYPE_CHECKING:
+    from edge_agent.trainer import Trainer
+
 __all__ = ["SecureEngine"]
 
 log = logging.getLogger("meshfl.agent.secure")
@@ -90,7 +95,7 @@ SECURE_TAG = 0
 """Codec tag of a masked input's payload (b-bit words, tightly packed) and of a body."""
 
 
-class SecureEngine(SecureInbox):
+class SecureEngine(SecureInbox, RoundHooks):
     """Run the secure rounds of one job on one device (see the module docstring).
 
     Parameters
@@ -201,6 +206,15 @@ class SecureEngine(SecureInbox):
                 break
         return sorted(self.correspondents - self._ready - self._offline)
 
+    def prepare(self, start_round: int, trainer: Trainer) -> int:
+        """The start barrier (:meth:`wait_ready`); returns ``start_round``.
+
+        A secure job has no joiners' catch-up and no checkpoints: every round needs
+        every member's keys and shares from the job's start.
+        """
+        wait_at_start_barrier(self.wait_ready, self.deadline_s)
+        return start_round
+
     def leave(self) -> None:
         """Announce that this device left the job."""
         self._status(encode_status("online"))
@@ -212,13 +226,14 @@ class SecureEngine(SecureInbox):
     # -- one round --------------------------------------------------------------------
 
     def exchange(
-        self, round_: int, x: Mapping[str, np.ndarray]
+        self, round_: int, x: Mapping[str, np.ndarray], no_wait: Collection[str] = ()
     ) -> tuple[dict[str, np.ndarray], list[str]]:
         """Run round ``round_``: shares and masked inputs out, aggregate, answer, mix.
 
         Returns the model after the consensus step and the sorted neighbours whose input
         is not in this device's sum (the dropped ones; all of them when the round aborted
-        or could not be unmasked in time).
+        or could not be unmasked in time). ``no_wait`` is ignored: an aggregator waits
+        for every member's masked input until the deadline.
         """
         self._round = round_
         self._started_at[round_] = self.clock()
