@@ -14,6 +14,7 @@ import numpy as np
 
 from edge_agent.engines import EngineContext, build_engine
 from edge_agent.final_model import publish_model, save_and_export
+from edge_agent.job_profile import MIN_REFRESH_S, fresh_link, refresh_profile
 from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
@@ -26,12 +27,7 @@ from meshfl import logcontext
 from meshfl.aggregation import consensus_sketch
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.contract import Assignment, CapabilityProfile, PrivacySpend, RoundMetrics
-from meshfl.errors import (
-    ConfigError,
-    CoordinatorError,
-    DataError,
-    MeshflError,
-)
+from meshfl.errors import ConfigError, CoordinatorError, DataError, MeshflError
 from meshfl.modelspec import check_allowed, check_hash, confine_path
 from meshfl.pathids import path_id
 
@@ -44,9 +40,6 @@ __all__ = ["JobRunner"]
 
 log = logging.getLogger("meshfl.agent.job")
 
-_MIN_REFRESH_S = 60.0
-"""The capability profile is re-measured (link, battery) at most this often while running."""
-
 
 class JobRunner:
     """Runs the rounds of one assignment and reports each to the coordinator.
@@ -54,9 +47,10 @@ class JobRunner:
     ``observer`` hears of the job's start and end and of every round
     (:mod:`edge_agent.observer`; default: nobody).
 
-    A gossip job (not a secure-aggregation one) is checkpointed after every round; a
-    runner that finds a usable checkpoint of its job resumes at the round after it, and
-    removes it when the job ends for this device (:attr:`resume`,
+    The rounds' messages are the job's round engine's (:mod:`edge_agent.round_engine`,
+    built by :mod:`edge_agent.engines`). A gossip job's engine checkpoints after every
+    round; a runner that finds a usable checkpoint of its job resumes at the round after
+    it, and removes it when the job ends for this device (:attr:`resume`,
     :mod:`edge_agent.resume`).
     """
 
@@ -153,7 +147,11 @@ class JobRunner:
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.
         profile = capability_profile(trainer, x, y)
-        profile.update(self._fresh_link())
+        fleet = self.assignment["fleet"]
+        link = fresh_link(
+            self.link, self.config.profile_refresh_s, self.transport, fleet, self.device_id
+        )
+        profile.update(link)
         self.client.put_profile(self.device_id, profile)
         if self.privacy.dp:
             self._warn_dp(sum(int(a.size) for a in trainer.params().values()))
@@ -281,11 +279,12 @@ class JobRunner:
                 if (
                     refresh_s > 0
                     and round_ < spec["rounds"]
-                    and time.monotonic() - measured >= max(_MIN_REFRESH_S, refresh_s)
+                    and time.monotonic() - measured >= max(MIN_REFRESH_S, refresh_s)
                 ):
                     # Between rounds only; the probe forwards neighbours' early deltas to the
                     # engine's handler, so nothing of the next round is lost.
-                    profile = self._refresh_profile(profile)
+                    fleet = self.assignment["fleet"]
+                    profile = refresh_profile(profile, self.transport, fleet, self.device_id)
                     reporter.put_profile(profile)
                     measured = time.monotonic()
                 if round_ < spec["rounds"] and self._poll(reporter):
@@ -410,43 +409,6 @@ class JobRunner:
             and next_round >= int(current.get("pause_round", 0))
         )
 
-    def _fresh_link(self) -> CapabilityProfile:
-        """The link figures: the agent's recent measurement if young enough, else a new one.
-
-        A probe through a slow link takes seconds (5 × 64 KiB at 1 Mbit/s is 2.6 s) and
-        every neighbour waits for it at the start barrier; one made at connect time within
-        the profile refresh period is reused.
-        """
-        link = self.link or {}
-        age = time.time() - float(link.get("measured_at", 0.0))
-        if link and 0 <= age < max(_MIN_REFRESH_S, self.config.profile_refresh_s):
-            return {k: v for k, v in link.items() if k != "measured_at"}  # type: ignore[return-value]
-        return self._measure_link()
-
-    def _measure_link(self) -> CapabilityProfile:
-        from edge_agent.link_probe import measure_link
-
-        link = measure_link(self.transport, self.assignment["fleet"], self.device_id)
-        log.info(
-            "link to the broker: rtt %s s, %s bytes/s (min of up and down)",
-            _fmt(link.broker_rtt_s),
-            _fmt(link.uplink_bytes_per_s),
-        )
-        return link.profile_fields()
-
-    def _refresh_profile(self, profile: CapabilityProfile) -> CapabilityProfile:
-        """Re-measure what changes while running (link, battery); keep the rest."""
-        from edge_agent.capability_probe import battery_status
-
-        fresh = profile.copy()
-        fresh.pop("broker_rtt_s", None)  # a figure not measured again is not kept stale
-        fresh.pop("uplink_bytes_per_s", None)
-        fresh.pop("downlink_bytes_per_s", None)
-        fresh.update(self._measure_link())
-        fresh["battery_percent"], fresh["charging"] = battery_status()
-        fresh["measured_at"] = time.time()
-        return fresh
-
     def _warn_dp(self, n: int) -> None:
         """Say up front when the DP noise of a release dwarfs what a round can correct."""
         sigma, clip = self.privacy.noise_multiplier, self.privacy.clip
@@ -490,7 +452,3 @@ def _refused(engine: RoundEngine) -> tuple[int, int, int]:
     """The engine's refusal counters so far: (unsigned, bad signature, replayed)."""
     stats = engine.stats
     return stats.unsigned, stats.bad_signature, stats.replayed
-
-
-def _fmt(value: float | None) -> str:
-    return "unmeasured" if value is None else f"{value:.3g}"
