@@ -21,6 +21,10 @@ per edge on ``meshfl/v1/{fleet}/node/{dst}/inbox/{src}`` as chunked envelopes: m
 inputs as kind SECURE_INPUT, protocol messages as kind SECAGG (a JSON body). The protocol
 and its trust assumptions are in ``docs/privacy.md``.
 
+It is a job's :class:`~edge_agent.round_engine.RoundEngine`; its parts are in
+:mod:`edge_agent.secagg`: ``inbox`` (what arrives), ``instance`` (the aggregator's
+round), ``keyring`` (keys, sealing, mask seeds), ``holder`` (the shares held).
+
 In a ``signed_deltas`` job every envelope is signed with the device's identity key and
 verified on arrival before anything reads it (``docs/security.md``, "Signed deltas"):
 unsigned, mis-signed and replayed ones (a sequence number already accepted or below the
@@ -170,13 +174,11 @@ class SecureEngine(SecureInbox, RoundHooks):
         self.keys = keys
         self.algorithm = algorithm
         self.fixed_point = fixed_point
-        self.density = density
         self.deadline_s = deadline_s
         self.max_payload = max_payload
         self.rng = rng
         self.threshold = directory.threshold
         self._sequence = 0
-        self._started_at: dict[int, float] = {}
         self._pending: dict[tuple[int, str], Contribution] = {}
         self._answered: dict[int, set[str]] = {}  # round -> aggregators answered
         self._self_seeds: dict[str, bytes] = {}  # this round's b seed per aggregator
@@ -236,7 +238,6 @@ class SecureEngine(SecureInbox, RoundHooks):
         for every member's masked input until the deadline.
         """
         self._round = round_
-        self._started_at[round_] = self.clock()
         instance = self._instances.setdefault(round_, Instance(self.neighbours))
         self._send_shares(round_)
         self._await_shares(round_, self.clock() + self.deadline_s)
@@ -488,8 +489,6 @@ class SecureEngine(SecureInbox, RoundHooks):
             del self._instances[r]
         for r in [r for r in self._answered if r <= old]:
             del self._answered[r]
-        for r in [r for r in self._started_at if r <= old]:
-            del self._started_at[r]
         for seen in self._seen.values():  # bound memory: keep the latest sequence numbers
             if len(seen) > 50_000:
                 newest = max(seen)
