@@ -57,7 +57,9 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.inbox import EngineStats, Inbox
+from edge_agent.outage import OutageWatch
 from edge_agent.outbox import KEEP_ROUNDS, Outbox
+from edge_agent.sender import Sender
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import GossipAlgorithm
@@ -66,18 +68,13 @@ from meshfl.errors import ConfigError
 from meshfl.planning import quorum_size
 from meshfl.wire import (
     DEFAULT_MAX_PAYLOAD,
-    Envelope,
     MessageKind,
     control_topic,
     delta_topic,
     inbox_filter,
-    inbox_topic,
-    new_message_id,
-    split_message,
     status_topic,
 )
-from meshfl.wire.repair import encode_repair_request
-from meshfl.wire.serde import Sign, encode_envelope
+from meshfl.wire.serde import Sign
 from meshfl.wire.status import encode_status
 
 __all__ = ["EngineStats", "GossipEngine"]
@@ -86,19 +83,12 @@ log = logging.getLogger("meshfl.agent.engine")
 
 Params = Mapping[str, np.ndarray]
 MODES = ("sync", "async")
-MAX_OUTAGE_WAIT_S = 300.0
-"""Longest a round waits past its deadline while this device's broker connection is down."""
 WILL_SETTLE_S = 1.0
 """Least (and default) ``offline_grace_s``: seconds a neighbour's "offline" status waits
 before a round stops waiting for it. A broker that stops cleanly publishes every
 client's Last Will just before it closes the connections: the marks that came in the
 second before this device's own connection dropped are the broker's doing, not the
 neighbours' (ignored after the reconnect)."""
-MIN_REPAIR_AFTER_S = 0.2
-MAX_REPAIR_AFTER_S = 2.0
-MAX_ID_CHARS = 64
-"""Longest device id (:func:`meshfl.wire.validate_id`)."""
-"""Bounds of ``repair_after_s`` (deadline / 8 between them)."""
 
 
 class GossipEngine(Inbox):
@@ -206,29 +196,33 @@ class GossipEngine(Inbox):
             clock=clock,
             verifier=verifier,
         )
-        self.signer = signer
         self.transport = transport
         self.deadline_s = deadline_s
-        self.max_payload = max_payload
         self.mode, self.staleness, self.quorum = mode, staleness, float(quorum)
         self.offline_grace_s = float(offline_grace_s)
         self._row: dict[str, float] | None = None  # this round's neighbours (row of W)
-        self._sequence = first_sequence
         self._keyframe_due = first_sequence > 0  # resumed: reset the neighbours' replicas
         self.outbox = Outbox(
             keep_rounds=max(KEEP_ROUNDS, staleness + 1),
             folder=outbox_folder,
             restore=first_sequence > 0,
         )
-        self._sequence = max(self._sequence, self.outbox.high)  # resumed: never a number twice
-        self.repair_after_s = min(max(deadline_s / 8, MIN_REPAIR_AFTER_S), MAX_REPAIR_AFTER_S)
-        """Seconds a sync round waits for a neighbour's message before asking for it again."""
-        self._next_repair: dict[str, float] = {}  # peer → earliest time of its next request
-        self._served: dict[str, float] = {}  # peer → when its last request was answered
-        self._reconnects = 0  # the transport's reconnects when the status was last published
-        self._reconnected_at = -1e9  # clock() when a reconnect was last noticed
+        self.sender = Sender(
+            transport=transport,
+            fleet=fleet,
+            job_id=job_id,
+            device_id=device_id,
+            outbox=self.outbox,
+            sequence=first_sequence,
+            signer=signer,
+            max_payload=max_payload,
+            stats=self.stats,
+            ledger=self.ledger,
+            deadline_s=deadline_s,
+            clock=clock,
+        )
+        self.outage = OutageWatch(transport, deadline_s, self._publish_status, clock)
         self._done_self = False  # announced done (linger)
-        self._longest_inbox = inbox_topic(fleet, "x" * MAX_ID_CHARS, device_id)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -245,7 +239,7 @@ class GossipEngine(Inbox):
         for n in sorted(self.peers):
             self._subscribe(n)
         self._started = True
-        self._reconnects = self.transport.reconnects
+        self.outage.started()
         self._publish_status()
 
     def _subscribe(self, peer: str) -> None:
@@ -370,12 +364,19 @@ class GossipEngine(Inbox):
         published = self.clock()
         deadline = published + self.deadline_s
         slow = set(no_wait) & row
-        deadline = self._through_outage(deadline, published)
+        deadline = self.outage.deadline(deadline, published)
         while not self._round_complete(round_, row - slow):
-            self._request_repairs(round_, row - slow, published)
+            self.sender.request(  # no keyframe request: the status topic repairs those
+                round_,
+                sorted(row - slow - self._offline - self._need - self._suspected),
+                answered=self._answered.get(round_, set()),
+                early=self._early,
+                last_sequence=self._last_seq,
+                published=published,
+            )
             if self._keyframe_due:  # a neighbour asked for one meanwhile (resumed, joined)
                 self._publish(round_, x)
-            deadline = self._through_outage(deadline, published)
+            deadline = self.outage.deadline(deadline, published)
             if not self._wait_one(deadline):
                 break
         self.drain()
@@ -398,7 +399,7 @@ class GossipEngine(Inbox):
     @property
     def sequence(self) -> int:
         """Sequence number of the latest message published (``first_sequence``: none yet)."""
-        return self._sequence
+        return self.sender.sequence
 
     def frontier(self) -> int:
         """The latest round any current neighbour has sent (0: none yet)."""
@@ -442,7 +443,7 @@ class GossipEngine(Inbox):
             "unsigned": stats.unsigned,
             "bad_signature": stats.bad_signature,
             "replayed": stats.replayed,
-            "sequence": self._sequence,
+            "sequence": self.sender.sequence,
         }
         return self.ledger.take_round(counts, final=final)
 
@@ -452,7 +453,6 @@ class GossipEngine(Inbox):
         return self._row
 
     def _publish(self, round_: int, x: Params) -> None:
-        self._sequence += 1
         keyframe = self._keyframe_due
         self._keyframe_due = False
         if keyframe:
@@ -460,104 +460,10 @@ class GossipEngine(Inbox):
             self.stats.keyframes_sent += 1
         else:
             tensors, kind = self.algorithm.outgoing(x), MessageKind(self.algorithm.message_kind)
-        env = Envelope(
-            kind=kind,
-            fleet=self.fleet,
-            job=self.job_id,
-            round=round_,
-            sender=self.device_id,
-            message_id=new_message_id(),
-            sequence=self._sequence,
-            tensors=tensors,
-        )
-        topic = delta_topic(self.fleet, self.device_id)
-        message = encode_envelope(env, self.signer)
-        self.ledger.counts.sent += 1
-        # Sized for the longest topic it may travel on (a re-send: an inbox topic).
-        size = min(
-            self.transport.chunk_size(topic, self.max_payload),
-            self.transport.chunk_size(self._longest_inbox, self.max_payload),
-        )
-        chunks = split_message(message, env.message_id, size)
-        self.outbox.add(self._sequence, round_, chunks, self.peers - self._offline)
-        for chunk in chunks:
-            self.transport.publish(topic, chunk, qos=1)
-
-    def _through_outage(self, deadline: float, published: float) -> float:
-        """The round's deadline, held while this device's own broker connection is down.
-
-        Nothing can arrive or leave while the transport reconnects (a broker restart):
-        the round keeps waiting — for at most ``MAX_OUTAGE_WAIT_S`` past its deadline —
-        and gets a whole ``deadline_s`` once connected again, for the neighbours' messages
-        that were queued meanwhile. After a reconnect the retained status is published
-        again: a broker that went down cleanly published this device's Last Will.
-        """
-        now = self.clock()
-        if not self.transport.connected:
-            self.transport.flush(0.0)  # raises if the broker refused us for good (taken over)
-            cap = published + self.deadline_s + MAX_OUTAGE_WAIT_S
-            return min(max(deadline, now + self.deadline_s), cap)
-        self._notice_reconnect()
-        return deadline
-
-    def _notice_reconnect(self) -> None:
-        """Once per reconnect: start the grace of ``_round_complete``, publish the status."""
-        if self.transport.reconnects != self._reconnects:
-            self._reconnects = self.transport.reconnects
-            self._reconnected_at = self.clock()
-            log.info("reconnected: announcing this device's status again")
-            self._publish_status()
-
-    # -- repairs (edge_agent.outbox) ----------------------------------------------------
-
-    def _request_repairs(self, round_: int, row: set[str], published: float) -> None:
-        """Ask neighbours whose message of ``round_`` is overdue to send it again.
-
-        A neighbour is asked once ``repair_after_s`` passed since this device published
-        (at once when a later message of it came first), then every ``repair_after_s``
-        while the round waits. A neighbour awaiting a keyframe is not asked: the keyframe
-        request (the status topic) repairs it.
-        """
-        now = self.clock()
-        answered = self._answered.get(round_, set())
-        overdue = now - published >= self.repair_after_s
-        for peer in sorted(row - self._offline - self._need - self._suspected):
-            if now < self._next_repair.get(peer, 0.0):
-                continue
-            if not (peer in self._early or (overdue and peer not in answered)):
-                continue
-            self._next_repair[peer] = now + self.repair_after_s
-            after = self._last_seq.get(peer, 0)
-            self.transport.publish(
-                inbox_topic(self.fleet, peer, self.device_id),
-                encode_repair_request(self.job_id, after),
-                qos=1,
-            )
-            self.stats.repairs_requested += 1
-            log.debug("round %d: asked %s for its messages after %d", round_, peer, after)
+        self.sender.publish(round_, kind, tensors, self.peers - self._offline)
 
     def _on_repair_request(self, peer: str, after: int) -> None:
-        """Re-send ``peer`` the kept messages after ``after``, on its inbox topic.
-
-        At most one answer per peer every ``MIN_REPAIR_AFTER_S / 2`` seconds (honest
-        peers ask every ``repair_after_s``): a flood of requests re-sends nothing more.
-        """
-        kept = self.outbox.after(peer, after)  # acknowledges what the peer holds
-        now = self.clock()
-        if not kept or now - self._served.get(peer, -1e9) < MIN_REPAIR_AFTER_S / 2:
-            return
-        self._served[peer] = now
-        topic = inbox_topic(self.fleet, peer, self.device_id)
-        limit = self.transport.chunk_size(topic, max(len(c) for _, e in kept for c in e.chunks))
-        for sequence, entry in kept:
-            if any(len(c) > limit for c in entry.chunks):  # a broker with a smaller limit now
-                log.debug("message %d is too large to re-send now: a keyframe repairs it", sequence)
-                continue
-            for chunk in entry.chunks:
-                self.transport.publish(topic, chunk, qos=1)
-            self.stats.resent += 1
-            self.ledger.counts.retransmitted += 1
-            log.debug("re-sent message %d (round %d) to %s", sequence, entry.round, peer)
+        self.sender.answer(peer, after)
 
     def _unknown(self) -> set[str]:
         """Peers awaiting a keyframe without any replica (not waited for, not suspected)."""
@@ -565,13 +471,13 @@ class GossipEngine(Inbox):
 
     def _round_complete(self, round_: int, row: set[str]) -> bool:
         if not self.transport.connected:
-            return False  # nothing can arrive: wait out the outage (_through_outage)
-        self._notice_reconnect()
+            return False  # nothing can arrive: wait out the outage (OutageWatch.deadline)
+        self.outage.notice()
         now = self.clock()
         settled = now - self.offline_grace_s
         offline = {p for p in self._offline if self._offline_at.get(p, -1e9) <= settled}
         suspected = self._suspected
-        if now - self._reconnected_at < self.deadline_s:
+        if self.outage.just_back(now):
             # Just back from an outage: the broker may still hold neighbours' Last Wills
             # from its own shutdown, and the outage made them miss a round, until they
             # reconnect and announce themselves again.

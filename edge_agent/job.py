@@ -12,35 +12,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_agent.engine import GossipEngine
+from edge_agent.engines import EngineContext, build_engine
 from edge_agent.final_model import publish_model, save_and_export
+from edge_agent.job_profile import MIN_REFRESH_S, fresh_link, refresh_profile
 from edge_agent.observer import AgentObserver, NullObserver, RoundSample, engine_counts
 from edge_agent.reporter import Reporter
 from edge_agent.rest import CoordinatorClient
 from edge_agent.resume import Resumer
-from edge_agent.secure_engine import SecureEngine
-from edge_agent.secure_job import build_secure_engine
+from edge_agent.round_engine import RoundEngine
 from edge_agent.signing import Signer, Verifier
 from edge_agent.transport.base import Transport
 from edge_agent.versions import TopologyVersion
 from meshfl import logcontext
-from meshfl.aggregation import (
-    ChocoGossip,
-    DPSGDGossip,
-    GaussianPrivatizer,
-    GossipAlgorithm,
-    consensus_sketch,
-)
+from meshfl.aggregation import consensus_sketch
 from meshfl.aggregation.privacy import PrivacyOptions
-from meshfl.codecs import CodecPolicy, parse_codec
 from meshfl.contract import Assignment, CapabilityProfile, PrivacySpend, RoundMetrics
-from meshfl.errors import (
-    ConfigError,
-    CoordinatorError,
-    CoordinatorUnreachable,
-    DataError,
-    MeshflError,
-)
+from meshfl.errors import ConfigError, CoordinatorError, DataError, MeshflError
 from meshfl.modelspec import check_allowed, check_hash, confine_path
 from meshfl.pathids import path_id
 
@@ -53,9 +40,6 @@ __all__ = ["JobRunner"]
 
 log = logging.getLogger("meshfl.agent.job")
 
-_MIN_REFRESH_S = 60.0
-"""The capability profile is re-measured (link, battery) at most this often while running."""
-
 
 class JobRunner:
     """Runs the rounds of one assignment and reports each to the coordinator.
@@ -63,9 +47,10 @@ class JobRunner:
     ``observer`` hears of the job's start and end and of every round
     (:mod:`edge_agent.observer`; default: nobody).
 
-    A gossip job (not a secure-aggregation one) is checkpointed after every round; a
-    runner that finds a usable checkpoint of its job resumes at the round after it, and
-    removes it when the job ends for this device (:attr:`resume`,
+    The rounds' messages are the job's round engine's (:mod:`edge_agent.round_engine`,
+    built by :mod:`edge_agent.engines`). A gossip job's engine checkpoints after every
+    round; a runner that finds a usable checkpoint of its job resumes at the round after
+    it, and removes it when the job ends for this device (:attr:`resume`,
     :mod:`edge_agent.resume`).
     """
 
@@ -162,112 +147,39 @@ class JobRunner:
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.
         profile = capability_profile(trainer, x, y)
-        profile.update(self._fresh_link())
+        fleet = self.assignment["fleet"]
+        link = fresh_link(
+            self.link, self.config.profile_refresh_s, self.transport, fleet, self.device_id
+        )
+        profile.update(link)
         self.client.put_profile(self.device_id, profile)
         if self.privacy.dp:
             self._warn_dp(sum(int(a.size) for a in trainer.params().values()))
         topo = TopologyVersion.from_assignment(self.assignment)
         self.versions = {topo.version: topo}
-        self._prepared = {topo.version}
-        engine: GossipEngine | SecureEngine
-        if self.privacy.secure:
-            engine = self._secure_engine(trainer.params())
-        else:
-            resumed = self.resume.load(trainer, topo)
-            first = 0 if resumed is None else resumed.first_sequence
-            engine = self._gossip_engine(trainer.params(), topo, first)
-            self.resume.restore(engine, trainer, topo)
-            if resumed is not None and resumed.epsilon is not None:
-                self.epsilon = resumed.epsilon
+        context = EngineContext(
+            config=self.config,
+            client=self.client,
+            transport=self.transport,
+            device_id=self.device_id,
+            assignment=self.assignment,
+            privacy=self.privacy,
+            resume=self.resume,
+            identity=self.identity,
+            signer=self.signer,
+            verifier=self.verifier,
+        )
+        engine = build_engine(context, trainer, topo)
+        resumed = self.resume.checkpoint
+        if resumed is not None and resumed.epsilon is not None:
+            self.epsilon = resumed.epsilon
         engine.start()
         self.observer.job_started(self.job_id, engine.queue_depth)
         try:
-            self._start(engine, trainer, topo, x, y, x_test, y_test, profile, reporter)
+            round_ = engine.prepare(max(1, self.assignment["start_round"]), trainer)
+            self._rounds(engine, trainer, topo, round_, x, y, x_test, y_test, profile, reporter)
         finally:
             self.observer.job_finished(self.job_id)
-
-    def _start(
-        self,
-        engine: GossipEngine | SecureEngine,
-        trainer: Trainer,
-        topo: TopologyVersion,
-        x: np.ndarray,
-        y: np.ndarray,
-        x_test: np.ndarray,
-        y_test: np.ndarray,
-        profile: CapabilityProfile,
-        reporter: Reporter,
-    ) -> None:
-        """Join (a joiner catches up from keyframes) or wait for neighbours; run the rounds."""
-        spec = self.spec
-        round_ = max(1, self.assignment["start_round"])
-        if self.resume.checkpoint is not None and isinstance(engine, GossipEngine):
-            # Its own checkpointed model; no start barrier: the neighbours are mid-job.
-            round_ = self.resume.first_round(engine, round_, topo)
-        elif round_ > 1 and isinstance(
-            engine, GossipEngine
-        ):  # a joiner: start from its neighbours' models
-            caught = engine.catch_up(max(60.0, spec["round_deadline_s"]))
-            if caught is None:
-                log.warning("joined without a neighbour's keyframe: starting from x0")
-            else:
-                round_ = max(round_, caught[0] + 1)
-                trainer.set_params(caught[1])
-                log.info(
-                    "joined at round %d from %d neighbours' keyframes", round_, len(topo.peers())
-                )
-        else:
-            absent = engine.wait_ready(max(60.0, spec["round_deadline_s"]))
-            if absent:
-                log.warning("starting without neighbours %s (not ready)", ", ".join(absent))
-        self._rounds(engine, trainer, topo, round_, x, y, x_test, y_test, profile, reporter)
-
-    def _gossip_engine(
-        self, params: dict[str, np.ndarray], topo: TopologyVersion, first_sequence: int = 0
-    ) -> GossipEngine:
-        spec = self.spec
-        return GossipEngine(
-            transport=self.transport,
-            fleet=self.assignment["fleet"],
-            job_id=self.job_id,
-            device_id=self.device_id,
-            neighbours=sorted(topo.peers()),
-            algorithm=self._algorithm(params, topo),
-            deadline_s=spec["round_deadline_s"],
-            max_payload=spec["max_payload_bytes"],
-            mode=spec.get("mode", "sync"),
-            staleness=spec.get("staleness", 2),
-            quorum=spec.get("quorum", 1.0),
-            signer=self.signer,
-            verifier=self.verifier,
-            first_sequence=first_sequence,
-            outbox_folder=self.resume.outbox_folder,
-            offline_grace_s=self.config.offline_grace_s,
-        )
-
-    def _secure_engine(self, params: dict[str, np.ndarray]) -> SecureEngine:
-        if self.identity is None:
-            raise ConfigError(
-                "secure aggregation needs this device's identity key; enrol it again with"
-                " `meshfl agent run --token ...`"
-            )
-        try:
-            return build_secure_engine(
-                client=self.client,
-                transport=self.transport,
-                identity=self.identity,
-                device_id=self.device_id,
-                assignment=self.assignment,
-                params=params,
-                options=self.privacy,
-                timeout_s=max(60.0, self.spec["round_deadline_s"]),
-                signer=self.signer,
-                verifier=self.verifier,
-            )
-        except CoordinatorUnreachable:
-            raise
-        except CoordinatorError as exc:  # a refusal: this device cannot take part
-            raise ConfigError(f"secure aggregation setup refused: {exc}") from exc
 
     def _spend(self, round_: int, releases: int) -> bool:
         """Record this round's DP releases at the coordinator first; False: budget reached."""
@@ -288,7 +200,7 @@ class JobRunner:
 
     def _rounds(
         self,
-        engine: GossipEngine | SecureEngine,
+        engine: RoundEngine,
         trainer: Trainer,
         topo: TopologyVersion,
         round_: int,
@@ -308,7 +220,6 @@ class JobRunner:
         accuracy = 0.0
         refused = _refused(engine)  # counters at the end of the previous round
         self.plan = self.assignment["plan"]
-        async_mode = spec.get("mode", "sync") == "async"
         # Reports go out on the reporter's thread: no round waits for the coordinator.
         for report in self.resume.unposted:  # maybe never posted before a crash
             reporter.post_metrics(report)
@@ -316,8 +227,7 @@ class JobRunner:
             while round_ <= spec["rounds"]:
                 if self.privacy.dp and not self._spend(round_, releases):
                     break
-                if isinstance(engine, GossipEngine):
-                    topo = self._switch(engine, topo, round_)
+                topo = engine.switch(round_, topo, self.versions)
                 if topo.removed:
                     log.info(
                         "removed from job %s at round %d (topology v%d)",
@@ -333,19 +243,11 @@ class JobRunner:
                         f"training diverged at round {round_} (loss {result.loss}); lower the"
                         " job's learning rate"
                     )
-                if isinstance(engine, SecureEngine):
-                    params, missing = engine.exchange(round_, trainer.params())
-                else:
-                    weights, self_weight = topo.row(round_)
-                    no_wait = set(self.plan.get("no_wait", ())) | self.resume.no_wait(
-                        round_, weights
-                    )  # resumed behind its neighbours: wait for none of them
-                    params, missing = engine.exchange(
-                        round_, trainer.params(), weights, self_weight, no_wait=no_wait
-                    )
+                no_wait = self.plan.get("no_wait", ())
+                params, missing = engine.exchange(round_, trainer.params(), no_wait)
                 trainer.set_params(params)
-                if isinstance(engine, GossipEngine) and round_ >= spec["rounds"]:
-                    engine.linger(engine.deadline_s)  # repairs of the last message
+                if round_ >= spec["rounds"]:
+                    engine.linger()  # e.g. repairs of the last message
                 accuracy, loss = trainer.evaluate(x_test, y_test)
                 now_sent, now_received = self.transport.bytes_sent, self.transport.bytes_received
                 metrics: RoundMetrics = {
@@ -366,33 +268,29 @@ class JobRunner:
                     metrics["rejected_signature"] = now_refused[1] - refused[1]
                     metrics["rejected_replayed"] = now_refused[2] - refused[2]
                     refused = now_refused
-                if isinstance(engine, GossipEngine):  # docs/reliability.md
-                    metrics["ledger"] = engine.take_ledger(final=round_ >= spec["rounds"])
+                ledger = engine.take_ledger(final=round_ >= spec["rounds"])
+                if ledger is not None:  # docs/reliability.md
+                    metrics["ledger"] = ledger
                 log.info("round %d: accuracy %.4f, loss %.4f", round_, accuracy, loss)
-                if isinstance(engine, GossipEngine):  # with the report, before it is posted
-                    self.resume.save(
-                        engine, trainer, round_, self.epsilon if self.privacy.dp else None, metrics
-                    )
+                epsilon = self.epsilon if self.privacy.dp else None
+                engine.checkpoint(round_, trainer, epsilon, metrics)  # before it is posted
                 reporter.post_metrics(metrics)
                 self._observe(metrics, engine)
                 if (
                     refresh_s > 0
                     and round_ < spec["rounds"]
-                    and time.monotonic() - measured >= max(_MIN_REFRESH_S, refresh_s)
+                    and time.monotonic() - measured >= max(MIN_REFRESH_S, refresh_s)
                 ):
                     # Between rounds only; the probe forwards neighbours' early deltas to the
                     # engine's handler, so nothing of the next round is lost.
-                    profile = self._refresh_profile(profile)
+                    fleet = self.assignment["fleet"]
+                    profile = refresh_profile(profile, self.transport, fleet, self.device_id)
                     reporter.put_profile(profile)
                     measured = time.monotonic()
                 if round_ < spec["rounds"] and self._poll(reporter):
                     log.info("job %s was stopped by the coordinator", self.job_id)
                     break
-                nxt = round_ + 1
-                if async_mode and isinstance(
-                    engine, GossipEngine
-                ):  # Hop-style: a device that fell behind skips to stay within τ
-                    nxt = max(nxt, engine.frontier() - engine.staleness + 1)
+                nxt = engine.next_round(round_)
                 if nxt <= spec["rounds"] and self._hold(reporter, nxt):
                     log.info("job %s was stopped by the coordinator while paused", self.job_id)
                     break
@@ -431,7 +329,7 @@ class JobRunner:
                 replayed,
             )
 
-    def _observe(self, metrics: RoundMetrics, engine: GossipEngine | SecureEngine) -> None:
+    def _observe(self, metrics: RoundMetrics, engine: RoundEngine) -> None:
         """Tell the observer about a reported round: its figures and the engine's counts."""
         applied, dropped, rejected = engine_counts(engine.stats)
         self.observer.round_finished(
@@ -465,35 +363,6 @@ class JobRunner:
                 " enrol it again with `meshfl agent run --token ...`"
             )
         return Signer(self.identity), Verifier(self.assignment.get("peer_keys", {}))
-
-    def _switch(self, engine: GossipEngine, topo: TopologyVersion, round_: int) -> TopologyVersion:
-        """Track every known version's peers early; switch to the newest one in force."""
-        for message in engine.control:
-            pushed = TopologyVersion.from_control(message, self.device_id, topo.mixing)
-            if pushed is not None:
-                self.versions.setdefault(pushed.version, pushed)
-        engine.control.clear()
-        newer = sorted(
-            (v for v in self.versions.values() if v.version > topo.version),
-            key=lambda v: v.version,
-        )
-        if not newer:
-            return topo
-        for version in newer:
-            if version.version not in self._prepared:  # subscribe and ask for keyframes early
-                self._prepared.add(version.version)
-                engine.set_peers(
-                    engine.peers | version.peers(), need=version.peers() - topo.peers()
-                )
-        in_force = [v for v in newer if v.from_round <= round_]
-        if not in_force:
-            return topo
-        current = max(in_force, key=lambda v: v.version)
-        log.info(
-            "round %d: topology v%d (%d devices)", round_, current.version, len(current.devices)
-        )
-        engine.set_peers(current.peers() | newer[-1].peers())
-        return current
 
     def _poll(self, reporter: Reporter) -> bool:
         """Take the latest assignment read: a newer topology version; True if stopped."""
@@ -540,74 +409,6 @@ class JobRunner:
             and next_round >= int(current.get("pause_round", 0))
         )
 
-    def _fresh_link(self) -> CapabilityProfile:
-        """The link figures: the agent's recent measurement if young enough, else a new one.
-
-        A probe through a slow link takes seconds (5 × 64 KiB at 1 Mbit/s is 2.6 s) and
-        every neighbour waits for it at the start barrier; one made at connect time within
-        the profile refresh period is reused.
-        """
-        link = self.link or {}
-        age = time.time() - float(link.get("measured_at", 0.0))
-        if link and 0 <= age < max(_MIN_REFRESH_S, self.config.profile_refresh_s):
-            return {k: v for k, v in link.items() if k != "measured_at"}  # type: ignore[return-value]
-        return self._measure_link()
-
-    def _measure_link(self) -> CapabilityProfile:
-        from edge_agent.link_probe import measure_link
-
-        link = measure_link(self.transport, self.assignment["fleet"], self.device_id)
-        log.info(
-            "link to the broker: rtt %s s, %s bytes/s (min of up and down)",
-            _fmt(link.broker_rtt_s),
-            _fmt(link.uplink_bytes_per_s),
-        )
-        return link.profile_fields()
-
-    def _refresh_profile(self, profile: CapabilityProfile) -> CapabilityProfile:
-        """Re-measure what changes while running (link, battery); keep the rest."""
-        from edge_agent.capability_probe import battery_status
-
-        fresh = profile.copy()
-        fresh.pop("broker_rtt_s", None)  # a figure not measured again is not kept stale
-        fresh.pop("uplink_bytes_per_s", None)
-        fresh.pop("downlink_bytes_per_s", None)
-        fresh.update(self._measure_link())
-        fresh["battery_percent"], fresh["charging"] = battery_status()
-        fresh["measured_at"] = time.time()
-        return fresh
-
-    def _algorithm(self, params: dict[str, np.ndarray], topo: TopologyVersion) -> GossipAlgorithm:
-        weights, self_weight = topo.row(max(1, self.assignment["start_round"]))
-        listen = topo.peers()
-        robust = self.privacy.robust
-        if self.spec["algorithm"] == "dpsgd":
-            dpsgd = DPSGDGossip(params, weights, self_weight, robust=robust)
-            dpsgd.set_neighbours(weights, self_weight, listen=listen)
-            return dpsgd
-        policy = self._policy(params)
-        log.info(
-            "codecs per tensor: %s",
-            ", ".join(
-                f"{name} {policy.codec_for(name, a.shape).spec}" for name, a in params.items()
-            ),
-        )
-        # Every device starts from the same seeded x⁰: the replicas of every peer of
-        # the first version are exact from round one (a joiner asks for keyframes).
-        choco = ChocoGossip(
-            params,
-            {p: 1.0 / len(listen) for p in listen} if listen else {},
-            0.0 if listen else 1.0,
-            consensus_step=self.spec["consensus_step"],
-            codec=policy,
-            shared_start=True,
-            keyframe_growth=self.spec.get("keyframe_growth", 0.0),
-            privatizer=self._privatizer(),
-            robust=robust,
-        )
-        choco.set_neighbours(weights, self_weight, listen=listen)
-        return choco
-
     def _warn_dp(self, n: int) -> None:
         """Say up front when the DP noise of a release dwarfs what a round can correct."""
         sigma, clip = self.privacy.noise_multiplier, self.privacy.clip
@@ -621,50 +422,6 @@ class JobRunner:
                 ratio * clip,
                 ratio,
             )
-
-    def _privatizer(self) -> GaussianPrivatizer | None:
-        """Local DP (McMahan et al., ICLR 2018): clip each released difference, add noise."""
-        if not self.privacy.dp:
-            return None
-        # OS entropy: the noise must not be predictable from the job's public seed.
-        rng = np.random.default_rng()
-        return GaussianPrivatizer(self.privacy.clip, self.privacy.noise_multiplier, rng)
-
-    def _policy(self, params: dict[str, np.ndarray]) -> CodecPolicy:
-        """The job's codec policy, made sparser if the planner gave a tighter byte budget."""
-        layout = [(name, tuple(a.shape)) for name, a in params.items()]
-        codec = parse_codec(self.spec["codec"])
-        dense_below = self.spec.get("dense_below", 0)
-        policy = CodecPolicy.from_options(
-            codec, layout, dense_below=dense_below, byte_budget=self.spec.get("byte_budget", 0)
-        )
-        budget = int(self.assignment["plan"]["byte_budget"])
-        if budget <= 0:
-            return policy
-        sparsifier = policy.codec_for(*max(layout, key=lambda t: math.prod(t[1])))
-        density = getattr(sparsifier, "density", None)
-        if sparsifier.name not in ("topk", "randk") or density is None:
-            log.warning(
-                "planned byte budget %d ignored: codec %s has no density", budget, codec.spec
-            )
-            return policy
-        try:
-            planned = CodecPolicy.for_budget(budget, layout, sparsifier.name, dense_below)
-        except ConfigError as exc:
-            log.warning("planned byte budget %d ignored: %s", budget, exc)
-            return policy
-        largest = max(layout, key=lambda t: math.prod(t[1]))
-        planned_density = getattr(planned.codec_for(*largest), "density", 1.0)
-        if planned_density >= density:
-            return policy
-        log.info(
-            "planned byte budget %d B: %s density %.4g instead of %.4g",
-            budget,
-            sparsifier.name,
-            planned_density,
-            density,
-        )
-        return planned
 
     def _sketch(self, params: dict[str, np.ndarray]) -> list[float]:
         dim = self.spec["sketch_dim"]
@@ -691,11 +448,7 @@ class JobRunner:
         )
 
 
-def _refused(engine: GossipEngine | SecureEngine) -> tuple[int, int, int]:
+def _refused(engine: RoundEngine) -> tuple[int, int, int]:
     """The engine's refusal counters so far: (unsigned, bad signature, replayed)."""
     stats = engine.stats
     return stats.unsigned, stats.bad_signature, stats.replayed
-
-
-def _fmt(value: float | None) -> str:
-    return "unmeasured" if value is None else f"{value:.3g}"

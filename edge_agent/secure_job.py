@@ -16,7 +16,8 @@ import numpy as np
 
 from edge_agent.rest import CoordinatorClient
 from edge_agent.secagg.crypto import IdentityKey, JobKeys, ParsedBundle, verify_bundle
-from edge_agent.secure_engine import Directory, SecureEngine
+from edge_agent.secagg.keyring import Directory
+from edge_agent.secure_engine import SecureEngine
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import SecureChoco

@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from edge_agent.secagg.crypto import IdentityKey, JobKeys, verify_bundle
-from edge_agent.secure_engine import Directory, SecureEngine
+from edge_agent.secagg.keyring import Directory
+from edge_agent.secure_engine import SecureEngine
 from edge_agent.transport.base import Message, Transport
 from meshfl.aggregation import Contribution, FixedPoint, SecureChoco
 from meshfl.contract import Declaration, SignedDeclaration

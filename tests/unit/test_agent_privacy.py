@@ -92,7 +92,7 @@ def test_a_device_refuses_to_share_secrets_under_a_low_or_swapped_threshold() ->
     """Issue 23 item 5: the agent checks t in (|N(i)|/2, |N(i)|] before it splits secrets."""
     import pytest
 
-    from edge_agent.secure_engine import Directory
+    from edge_agent.secagg.keyring import Directory
     from edge_agent.secure_job import check_shares
     from meshfl.aggregation.privacy import PrivacyOptions
     from meshfl.errors import ConfigError, SecurityError

@@ -25,7 +25,7 @@ from test_agent_privacy import BudgetClient
 from edge_agent.inbox import EngineStats
 from edge_agent.job import JobRunner
 from edge_agent.observer import RoundSample, engine_counts
-from edge_agent.secure_engine import SecureStats
+from edge_agent.secagg.inbox import SecureStats
 from edge_agent.telemetry import AgentTelemetry
 from edge_agent.transport.memory import MemoryBroker
 from meshfl.app.cli import main

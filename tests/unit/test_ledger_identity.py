@@ -97,7 +97,7 @@ def test_every_repair_is_accounted_for_under_drops_and_reorders(
     def recorded(engine: GossipEngine, round_: int, x: Mapping[str, np.ndarray]) -> None:
         publish(engine, round_, x)
         own = engine.algorithm._own  # type: ignore[attr-defined]
-        history[engine.device_id, engine._sequence] = [t.copy() for t in own]
+        history[engine.device_id, engine.sequence] = [t.copy() for t in own]
 
     monkeypatch.setattr(GossipEngine, "_publish", recorded)
     bus = MemoryBroker()

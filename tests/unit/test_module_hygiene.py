@@ -26,9 +26,6 @@ MAX_LINES = 500
 # Modules over MAX_LINES today, each with its line count as a ceiling: an entry may only
 # go down (lower it when a module shrinks; delete it once the module is under the limit).
 OVERSIZE_CEILINGS: dict[str, int] = {
-    "edge_agent/secure_engine.py": 796,
-    "edge_agent/job.py": 676,
-    "edge_agent/engine.py": 591,
     "edge_agent/secagg/crypto.py": 538,
 }
 
