@@ -158,13 +158,16 @@ class JobRunner:
             threads=self.config.threads,
             slowdown=self.config.slowdown,
             momentum=spec.get("local_momentum", 0.0),
+            dp_sgd=(self.privacy.noise_multiplier, self.privacy.clip)
+            if self.privacy.record_dp
+            else None,
         )
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.
         profile = capability_profile(trainer, x, y)
         profile.update(self._fresh_link())
         self.client.put_profile(self.device_id, profile)
-        if self.privacy.dp:
+        if self.privacy.device_noise:
             self._warn_dp(sum(int(a.size) for a in trainer.params().values()))
         topo = TopologyVersion.from_assignment(self.assignment)
         self.versions = {topo.version: topo}
@@ -269,9 +272,11 @@ class JobRunner:
         except CoordinatorError as exc:  # a refusal: this device cannot take part
             raise ConfigError(f"secure aggregation setup refused: {exc}") from exc
 
-    def _spend(self, round_: int, releases: int) -> bool:
-        """Record this round's DP releases at the coordinator first; False: budget reached."""
+    def _spend(self, round_: int, releases: int, sampling_rate: float | None = None) -> bool:
+        """Record a round's DP releases (DP-SGD steps at ``sampling_rate``) first; False: over."""
         body: PrivacySpend = {"round": round_, "releases": releases}
+        if sampling_rate is not None:
+            body["sampling_rate"] = sampling_rate
         if not self._spent:  # this run's first: an earlier run may have released this round
             body["new_run"] = True
         try:
@@ -314,7 +319,8 @@ class JobRunner:
             reporter.post_metrics(report)
         try:
             while round_ <= spec["rounds"]:
-                if self.privacy.dp and not self._spend(round_, releases):
+                spend = trainer.dp_spend(len(y), 1.0, releases)  # DP-SGD: a full round's steps
+                if self.privacy.dp and not self._spend(round_, *spend):
                     break
                 if isinstance(engine, GossipEngine):
                     topo = self._switch(engine, topo, round_)
@@ -624,7 +630,7 @@ class JobRunner:
 
     def _privatizer(self) -> GaussianPrivatizer | None:
         """Local DP (McMahan et al., ICLR 2018): clip each released difference, add noise."""
-        if not self.privacy.dp:
+        if not self.privacy.device_noise:  # record-level DP: releases are post-processing
             return None
         # OS entropy: the noise must not be predictable from the job's public seed.
         rng = np.random.default_rng()
