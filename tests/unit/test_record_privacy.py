@@ -175,3 +175,15 @@ def test_a_record_level_start_projects_the_steps_of_a_profiled_device(fleet: Fle
     fine = fleet.create(**RECORD, rounds=5, dp_epsilon_budget=planned + 0.1)
     assert fleet.start(fine).status_code == 200
     assert math.isfinite(planned)
+
+
+def test_report_json_names_the_privacy_unit() -> None:
+    from meshfl.app.local.report import privacy_summary
+
+    devices = [{"epsilon_spent": 3.0}, {"epsilon_spent": 7.5}, {"epsilon_spent": None}]
+    job: Any = {"spec": {**RECORD, "dp_delta": 1e-6}, "devices": devices}
+    assert privacy_summary(job) == {"unit": "record", "epsilon": 7.5, "delta": 1e-6}
+    job["spec"] = DP
+    assert privacy_summary(job) == {"unit": "device", "epsilon": 7.5, "delta": 1e-5}
+    job["spec"] = {"codec": "identity"}
+    assert privacy_summary(job) is None
