@@ -158,9 +158,7 @@ class JobRunner:
             threads=self.config.threads,
             slowdown=self.config.slowdown,
             momentum=spec.get("local_momentum", 0.0),
-            dp_sgd=(self.privacy.noise_multiplier, self.privacy.clip)
-            if self.privacy.record_dp
-            else None,
+            dp_sgd=self.privacy.dp_sgd,  # record-level DP: (σ, C) of DP-SGD, else None
         )
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.
@@ -272,11 +270,9 @@ class JobRunner:
         except CoordinatorError as exc:  # a refusal: this device cannot take part
             raise ConfigError(f"secure aggregation setup refused: {exc}") from exc
 
-    def _spend(self, round_: int, releases: int, sampling_rate: float | None = None) -> bool:
-        """Record a round's DP releases (DP-SGD steps at ``sampling_rate``) first; False: over."""
-        body: PrivacySpend = {"round": round_, "releases": releases}
-        if sampling_rate is not None:
-            body["sampling_rate"] = sampling_rate
+    def _spend(self, body: PrivacySpend) -> bool:
+        """Record a round's DP releases (or DP-SGD steps) at the coordinator first; False: over."""
+        round_ = body["round"]
         if not self._spent:  # this run's first: an earlier run may have released this round
             body["new_run"] = True
         try:
@@ -319,8 +315,7 @@ class JobRunner:
             reporter.post_metrics(report)
         try:
             while round_ <= spec["rounds"]:
-                spend = trainer.dp_spend(len(y), 1.0, releases)  # DP-SGD: a full round's steps
-                if self.privacy.dp and not self._spend(round_, *spend):
+                if self.privacy.dp and not self._spend(trainer.dp_spend(len(y), round_, releases)):
                     break
                 if isinstance(engine, GossipEngine):
                     topo = self._switch(engine, topo, round_)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from edge_agent.dp_sgd import DPSGD, RecordDP
-from meshfl.contract import ModelSpec
+from meshfl.contract import ModelSpec, PrivacySpend
 from meshfl.errors import ConfigError, DataError
 from meshfl.files import atomic_write
 from models.arrays import load_arrays, spec_hash, to_arrays
@@ -180,16 +180,18 @@ class Trainer:
         per_epoch = math.ceil(n / self.batch_size)
         return max(1, round(work_fraction * self.local_epochs * per_epoch))
 
-    def dp_spend(self, n: int, work_fraction: float, releases: int) -> tuple[int, float | None]:
-        """What one round costs in privacy: ``(count, sampling rate)`` for the spend.
+    def dp_spend(self, n: int, round_: int, releases: int) -> PrivacySpend:
+        """The spend to record before round ``round_`` (``POST .../privacy/.../spend``).
 
-        With DP-SGD: ``(steps, q)`` of a :meth:`train` call on ``n`` examples (each step
-        a Poisson-subsampled Gaussian mechanism); otherwise ``(releases, None)``: the
-        round's device-level releases, unchanged.
+        With DP-SGD: the steps of a full :meth:`train` call on ``n`` examples (the
+        planner's ``work_fraction`` can only lower them: over-counting is the safe side),
+        each a Poisson-subsampled Gaussian mechanism at ``sampling_rate`` q = B / n.
+        Otherwise the round's ``releases`` device-level releases, unchanged.
         """
         if self._dp is None:
-            return releases, None
-        return self.steps(n, work_fraction), RecordDP.sampling_rate(n, self.batch_size)
+            return {"round": round_, "releases": releases}
+        q = RecordDP.sampling_rate(n, self.batch_size)
+        return {"round": round_, "releases": self.steps(n), "sampling_rate": q}
 
     @property
     def spec_hash(self) -> str:

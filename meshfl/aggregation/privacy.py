@@ -223,6 +223,11 @@ class PrivacyOptions:
         return self.dp and self.unit == "record"
 
     @property
+    def dp_sgd(self) -> tuple[float, float] | None:
+        """``(σ, C)`` for the trainer's DP-SGD at the ``record`` unit, else None."""
+        return (self.noise_multiplier, self.clip) if self.record_dp else None
+
+    @property
     def private(self) -> bool:
         """Whether the job is private (DP or secure aggregation).
 

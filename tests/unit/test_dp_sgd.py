@@ -123,11 +123,11 @@ def test_the_trainer_counts_its_steps_and_sampling_rate_for_the_spend() -> None:
     trainer = Trainer(MLP, seed=0, learning_rate=0.1, batch_size=32, local_epochs=2,  # type: ignore[arg-type]
                       dp_sgd=(1.0, 1.0), dp_seed=0)  # fmt: skip
     assert trainer.record_dp == RecordDP(1.0, 1.0)
-    assert trainer.dp_spend(100, 1.0, 1) == (8, 0.32)  # 2 epochs × ⌈100/32⌉ steps
+    assert trainer.dp_spend(100, 4, 1) == {"round": 4, "releases": 8, "sampling_rate": 0.32}
     x, y = _batch(b=100)
     assert trainer.train(x.numpy(), y.numpy()).steps == 8
     plain = Trainer(MLP, seed=0, learning_rate=0.1, batch_size=32, local_epochs=2)  # type: ignore[arg-type]
-    assert plain.record_dp is None and plain.dp_spend(100, 1.0, 3) == (3, None)
+    assert plain.record_dp is None and plain.dp_spend(100, 2, 3) == {"round": 2, "releases": 3}
 
 
 def test_momentum_applies_to_the_privatized_gradient() -> None:
