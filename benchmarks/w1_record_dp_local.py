@@ -29,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sigma", type=float, default=2.85)
     parser.add_argument("--clip", type=float, default=4.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-seed", type=int, default=0, help="W1 keeps partition seed 0")
     parser.add_argument("--codec", default=None)
     parser.add_argument("--momentum", type=float, default=None)
     parser.add_argument("--out", type=Path, default=Path("meshfl-run-record-dp"))
@@ -49,7 +49,7 @@ def main() -> None:
         extra["local_momentum"] = args.momentum
     config = LocalConfig(
         dp_noise_multiplier=args.sigma, dp_clip=args.clip, keyframe_growth=0.0,
-        seed=args.seed, out=args.out, **extra,
+        model_seed=args.model_seed, out=args.out, **extra,
     )  # fmt: skip
     result = local_run.run_local(config)
     report = json.loads((args.out / "report.json").read_text())
