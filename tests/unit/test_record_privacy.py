@@ -40,6 +40,11 @@ def test_the_unit_defaults_to_device_and_record_adds_no_noise_to_releases() -> N
     # Releases are post-processing: D-PSGD's whole models and keyframes are fine.
     _options(dp_noise_multiplier=1.0, dp_clip=1.0, dp_unit="record", algorithm="dpsgd")
     _options(dp_noise_multiplier=1.0, dp_clip=1.0, dp_unit="record", keyframe_growth=3.0)
+    # Secure aggregation still combines; its masks carry no DP noise and no release clip.
+    secure = _options(dp_noise_multiplier=1.0, dp_clip=1.0, dp_unit="record",
+                      secure_aggregation=2, codec="int8")  # fmt: skip
+    assert secure.secure and secure.fixed_point("int8", 2) == _options(
+        secure_aggregation=2, codec="int8").fixed_point("int8", 2)  # fmt: skip
 
 
 @pytest.mark.parametrize(
