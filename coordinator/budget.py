@@ -14,6 +14,15 @@ can be lowered by a later job, never raised):
 - while it runs, a release that would cross ε_max is refused (409) and not recorded: the
   device must not send it, and stops.
 
+**Units** (issue 22): a job names its unit of privacy (``dp_unit``). A device-level
+row is ``releases`` noised deltas; a record-level row is ``releases`` DP-SGD steps at
+the Poisson sampling rate the device reports. ε at the device unit composes the
+device-level rows, ε at the record unit every row (:func:`coordinator.privacy.epsilon`),
+and a budget caps the ε of its own job's unit. At a record-level start the planned
+steps of a device come from its latest profile's ``train_samples`` (n_local: rounds ×
+local epochs × ⌈n/B⌉ steps at q = B/n); a device that reported none is checked round by
+round only.
+
 A round is recorded once (a retried request changes nothing), except that the first
 spend of a new run of the agent (``new_run``: started or restarted) counts its releases
 again when the round is already recorded: a restarted agent noises its delta afresh, and
@@ -37,6 +46,7 @@ from sqlalchemy.orm import Session
 from coordinator import privacy, store
 from coordinator.db import Device, Job, JobDevice, PrivacySpendRecord
 from coordinator.errors import Conflict
+from coordinator.privacy import Spend
 from meshfl.aggregation.privacy import DEFAULT_DP_DELTA, PrivacyOptions
 from meshfl.contract import PrivacySpend, PrivacyStatus
 from meshfl.errors import ConfigError
@@ -51,23 +61,30 @@ __all__ = [
 ]
 
 
+MAX_STEPS_PER_ROUND = 1_000_000
+"""The most DP-SGD steps one record-level spend may record (a round's local steps)."""
+
+
 def releases_per_round(options: PrivacyOptions, degree: int) -> int:
     """Releases a device of ``degree`` neighbours makes per round (secure: d, else 1)."""
     return max(1, degree) if options.secure else 1
 
 
-def _spends(
-    session: Session, device_id: str, *, job_id: str | None = None
-) -> list[tuple[float, int]]:
-    """``(σ, releases)`` of the device's recorded rows (one job's, or all), grouped by σ."""
+def _spends(session: Session, device_id: str, *, job_id: str | None = None) -> list[Spend]:
+    """The device's recorded rows (one job's, or all), grouped by σ, sampling rate and unit."""
+    record = PrivacySpendRecord
     query = (
-        select(PrivacySpendRecord.noise_multiplier, func.sum(PrivacySpendRecord.releases))
-        .where(PrivacySpendRecord.device_id == device_id)
-        .group_by(PrivacySpendRecord.noise_multiplier)
-    )
+        select(record.noise_multiplier, func.sum(record.releases), record.sampling_rate,
+               record.unit)
+        .where(record.device_id == device_id)
+        .group_by(record.noise_multiplier, record.sampling_rate, record.unit)
+    )  # fmt: skip
     if job_id is not None:
-        query = query.where(PrivacySpendRecord.job_id == job_id)
-    return [(float(sigma), int(count)) for sigma, count in session.execute(query)]
+        query = query.where(record.job_id == job_id)
+    return [
+        Spend(float(sigma), int(count), float(rate), str(unit))
+        for sigma, count, rate, unit in session.execute(query)
+    ]
 
 
 def _budget(options: PrivacyOptions) -> float | None:
@@ -75,16 +92,34 @@ def _budget(options: PrivacyOptions) -> float | None:
 
 
 def _device_budget(session: Session, device_id: str, options: PrivacyOptions) -> float | None:
-    """The device's ε_max: the smallest budget of this job and of every DP job it was in.
+    """The device's ε_max at the job's unit: the smallest budget of its jobs of that unit.
 
+    The budgets of this job and of every DP job of the same unit the device was in.
     A budget sticks to the device: a later job may lower it, never raise it, so a job
     with a larger ``dp_epsilon_budget`` cannot spend what an earlier one capped.
     """
     query = select(Job).join(JobDevice, JobDevice.job_id == Job.id)
     jobs = session.scalars(query.where(JobDevice.device_id == device_id))
-    budgets = [_budget(PrivacyOptions.from_spec(j.spec)) for j in jobs]
+    others = [PrivacyOptions.from_spec(j.spec) for j in jobs]
+    budgets = [_budget(o) for o in others if o.unit == options.unit]
     known = [b for b in (*budgets, _budget(options)) if b is not None]
     return min(known, default=None)
+
+
+def _planned(
+    session: Session, device_id: str, job: Job, options: PrivacyOptions, degree: int
+) -> Spend | None:
+    """What ``job`` will spend on the device (``None``: unknown until it reports)."""
+    rounds = int(job.spec["rounds"])
+    if not options.record_dp:
+        return Spend(options.noise_multiplier, rounds * releases_per_round(options, degree))
+    device = session.get(Device, device_id)
+    n = int((device.profile or {}).get("train_samples", 0) or 0) if device else 0
+    if n <= 0:
+        return None
+    batch = int(job.spec["batch_size"])
+    steps = rounds * int(job.spec["local_epochs"]) * -(-n // batch)
+    return Spend(options.noise_multiplier, steps, min(1.0, batch / n), "record")
 
 
 def lock_devices(session: Session, device_ids: Iterable[str]) -> None:
@@ -135,21 +170,23 @@ def check_start(
         )
     if not options.dp:
         return
-    rounds = int(job.spec["rounds"])
+    unit, delta = options.unit, options.delta
     for device_id in sorted(degrees):
         budget = _device_budget(session, device_id, options)
-        if budget is None:
+        planned = _planned(session, device_id, job, options, degrees[device_id])
+        if budget is None or planned is None:
             continue
         spent = _spends(session, device_id)
-        planned = rounds * releases_per_round(options, degrees[device_id])
-        projected = privacy.epsilon([*spent, (options.noise_multiplier, planned)], options.delta)
+        projected = privacy.epsilon([*spent, planned], delta, unit)
         if projected > budget:
-            so_far = privacy.epsilon(spent, options.delta)
+            so_far = privacy.epsilon(spent, delta, unit)
+            what = "DP-SGD steps" if options.record_dp else "releases"
             raise Conflict(
                 f"job {job.id!r} would spend device {device_id!r} to ε = {projected:.3g} at"
-                f" δ = {options.delta:g} (ε = {so_far:.3g} spent so far, {planned} new"
-                f" releases) past its ε budget {budget:g} (the smallest dp_epsilon_budget"
-                " of its jobs); use fewer rounds, a larger dp_noise_multiplier or other devices"
+                f" δ = {delta:g} for its {unit}s (ε = {so_far:.3g} spent so far,"
+                f" {planned.releases} new {what}) past its ε budget {budget:g} (the smallest"
+                f" dp_epsilon_budget of its {unit}-level jobs); use fewer rounds, a larger"
+                " dp_noise_multiplier or other devices"
             )
 
 
@@ -181,12 +218,7 @@ def record_spend(
     rounds = int(job.spec["rounds"])
     if not 1 <= body["round"] <= rounds:
         raise ConfigError(f"round {body['round']} is out of range; job {job.id!r} has 1..{rounds}")
-    most = max(1, len(store.participants(session, job)) - 1)
-    if not 1 <= body["releases"] <= most:
-        raise ConfigError(
-            f"releases = {body['releases']} is invalid; a device of job {job.id!r} makes 1..{most}"
-            " per round (1, or one per neighbour under secure aggregation)"
-        )
+    rate = _check_releases(session, job, options, body)
     key = (job.id, device.id, body["round"])
     privacy.load_accountant()  # not under the lock: the first import takes seconds
     lock_devices(session, [device.id])  # check and spend: one step (module docstring)
@@ -194,22 +226,21 @@ def record_spend(
     again = stored is not None and bool(body.get("new_run", False))
     if stored is None or again:
         spent = _spends(session, device.id)
-        after = privacy.epsilon(
-            [*spent, (options.noise_multiplier, body["releases"])], options.delta
-        )
+        new = Spend(options.noise_multiplier, body["releases"], rate, options.unit)
+        after = privacy.epsilon([*spent, new], options.delta, options.unit)
         budget = _device_budget(session, device.id, options)
         if budget is not None and after > budget:
             session.rollback()  # releases the lock
             raise Conflict(
                 f"privacy budget exhausted: round {body['round']} of job {job.id!r} would take"
                 f" device {device.id!r} to ε = {after:.3g} > dp_epsilon_budget {budget:g} at"
-                f" δ = {options.delta:g}; the device must stop releasing"
+                f" δ = {options.delta:g} for its {options.unit}s; the device must stop releasing"
             )
         if stored is not None:  # a new run re-releases a recorded round: count it again
             stored.releases += body["releases"]
             stored.at = now
             session.commit()
-            return _status(session, device.id, options.delta, budget)
+            return _status(session, device.id, options.delta, budget, options.unit)
         session.add(
             PrivacySpendRecord(
                 job_id=job.id,
@@ -219,6 +250,8 @@ def record_spend(
                 noise_multiplier=options.noise_multiplier,
                 delta=options.delta,
                 at=now,
+                unit=options.unit,
+                sampling_rate=rate,
             )
         )
         try:
@@ -233,7 +266,42 @@ def record_spend(
             f"round {body['round']} of job {job.id!r} is already recorded with"
             f" {stored.releases} releases for device {device.id!r}; a round is spent once"
         )
-    return _status(session, device.id, options.delta, _device_budget(session, device.id, options))
+    budget = _device_budget(session, device.id, options)
+    return _status(session, device.id, options.delta, budget, options.unit)
+
+
+def _check_releases(
+    session: Session, job: Job, options: PrivacyOptions, body: PrivacySpend
+) -> float:
+    """Check a spend's count (and, at the record unit, its sampling rate); return q.
+
+    Raises ConfigError with the valid range.
+    """
+    if options.record_dp:
+        rate = body.get("sampling_rate")
+        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= 1
+        if not ok:
+            raise ConfigError(
+                f"job {job.id!r} is record-level DP: a spend needs sampling_rate in (0, 1]"
+                f" (B / n_local of its DP-SGD steps), got {rate!r}"
+            )
+        if not 1 <= body["releases"] <= MAX_STEPS_PER_ROUND:
+            raise ConfigError(
+                f"releases = {body['releases']} is invalid; a record-level spend counts the"
+                f" round's DP-SGD steps, 1..{MAX_STEPS_PER_ROUND}"
+            )
+        return float(rate)  # type: ignore[arg-type]
+    if "sampling_rate" in body and body["sampling_rate"] != 1:
+        raise ConfigError(
+            f"job {job.id!r} is device-level DP: its releases are not sampled (sampling_rate 1)"
+        )
+    most = max(1, len(store.participants(session, job)) - 1)
+    if not 1 <= body["releases"] <= most:
+        raise ConfigError(
+            f"releases = {body['releases']} is invalid; a device of job {job.id!r} makes 1..{most}"
+            " per round (1, or one per neighbour under secure aggregation)"
+        )
+    return 1.0
 
 
 def _row(session: Session, job_id: str, device_id: str, rnd: int) -> PrivacySpendRecord | None:
@@ -245,38 +313,46 @@ def _row(session: Session, job_id: str, device_id: str, rnd: int) -> PrivacySpen
     return session.scalars(query.execution_options(populate_existing=True)).first()
 
 
-def _status(session: Session, device_id: str, delta: float, budget: float | None) -> PrivacyStatus:
-    spent = _spends(session, device_id)
+def _status(
+    session: Session, device_id: str, delta: float, budget: float | None, unit: str = "device"
+) -> PrivacyStatus:
+    spent = [s for s in _spends(session, device_id) if unit == "record" or s.unit == unit]
     return PrivacyStatus(
         device_id=device_id,
-        epsilon_spent=privacy.epsilon(spent, delta),
+        epsilon_spent=privacy.epsilon(spent, delta, unit),
         delta=delta,
         epsilon_budget=budget,
-        releases=sum(count for _, count in spent),
+        releases=sum(s.releases for s in spent),
+        unit=unit,
     )
 
 
-def device_status(session: Session, device: Device, delta: float | None = None) -> PrivacyStatus:
-    """ε the device spent over all its jobs.
+def device_status(
+    session: Session, device: Device, delta: float | None = None, unit: str = "device"
+) -> PrivacyStatus:
+    """ε the device spent over all its jobs, for its data or for each of its records.
 
+    ``unit`` ``device``: device-level releases; ``record``: every release and DP-SGD step.
     ``delta`` ``None``: the smallest ``dp_delta`` of the DP jobs it took part in
     (:data:`~meshfl.aggregation.privacy.DEFAULT_DP_DELTA` when none). The budget shown is
-    the smallest positive ``dp_epsilon_budget`` of those jobs (``None``: not capped).
+    the smallest positive ``dp_epsilon_budget`` of those jobs of ``unit`` (``None``: not
+    capped). ``releases`` counts the rows ε composes (releases and DP-SGD steps).
     """
     query = select(Job).join(JobDevice, JobDevice.job_id == Job.id)
     jobs = session.scalars(query.where(JobDevice.device_id == device.id))
     options = [o for o in (PrivacyOptions.from_spec(j.spec) for j in jobs) if o.dp]
     if delta is None:
         delta = min((o.delta for o in options), default=DEFAULT_DP_DELTA)
-    budgets = [b for b in (_budget(o) for o in options) if b is not None]
-    return _status(session, device.id, delta, min(budgets, default=None))
+    budgets = [b for b in (_budget(o) for o in options if o.unit == unit) if b is not None]
+    return _status(session, device.id, delta, min(budgets, default=None), unit)
 
 
 def job_epsilons(session: Session, job: Job, device_ids: Sequence[str]) -> dict[str, float | None]:
-    """ε this job's releases cost each device at the job's δ (``None`` for a non-DP job)."""
+    """ε this job's releases cost each device at the job's δ and unit (``None``: no DP)."""
     options = PrivacyOptions.from_spec(job.spec)
     if not options.dp:
         return dict.fromkeys(device_ids)
     return {
-        d: privacy.epsilon(_spends(session, d, job_id=job.id), options.delta) for d in device_ids
+        d: privacy.epsilon(_spends(session, d, job_id=job.id), options.delta, options.unit)
+        for d in device_ids
     }

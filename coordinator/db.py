@@ -220,6 +220,8 @@ class PrivacySpendRecord(Base):
 
     The accountant (:mod:`coordinator.privacy`) composes ``releases`` Gaussian mechanisms
     of noise multiplier ``noise_multiplier`` per row; one row per (job, device, round).
+    ``unit`` ``record`` (issue 22): ``releases`` DP-SGD steps, each Poisson-sampled at
+    ``sampling_rate`` (1.0 for device-level rows).
     """
 
     __tablename__ = "privacy_spend"
@@ -233,6 +235,8 @@ class PrivacySpendRecord(Base):
     noise_multiplier: Mapped[float] = mapped_column(Double)
     delta: Mapped[float] = mapped_column(Double)
     at: Mapped[float] = mapped_column(Double)
+    unit: Mapped[str] = mapped_column(String(16), default="device", server_default="device")
+    sampling_rate: Mapped[float] = mapped_column(Double, default=1.0, server_default="1.0")
 
 
 class CoordinatorKey(Base):

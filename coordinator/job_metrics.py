@@ -132,17 +132,15 @@ def _max_epsilon(session: Session, job: Job) -> float | None:
     options = PrivacyOptions.from_spec(job.spec)
     if not options.dp:
         return None
+    record = PrivacySpendRecord
     query = (
-        select(
-            PrivacySpendRecord.device_id,
-            PrivacySpendRecord.noise_multiplier,
-            func.sum(PrivacySpendRecord.releases),
-        )
-        .where(PrivacySpendRecord.job_id == job.id)
-        .group_by(PrivacySpendRecord.device_id, PrivacySpendRecord.noise_multiplier)
-    )
-    spends: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for device_id, sigma, count in session.execute(query):
-        spends[str(device_id)].append((float(sigma), int(count)))
-    histories = {tuple(sorted(pairs)) for pairs in spends.values()}
-    return max((privacy.epsilon(h, options.delta) for h in histories), default=0.0)
+        select(record.device_id, record.noise_multiplier, func.sum(record.releases),
+               record.sampling_rate, record.unit)
+        .where(record.job_id == job.id)
+        .group_by(record.device_id, record.noise_multiplier, record.sampling_rate, record.unit)
+    )  # fmt: skip
+    spends: dict[str, list[privacy.Spend]] = defaultdict(list)
+    for device_id, sigma, count, rate, unit in session.execute(query):
+        spends[str(device_id)].append(privacy.Spend(float(sigma), int(count), float(rate), unit))
+    histories = {tuple(sorted(rows)) for rows in spends.values()}
+    return max((privacy.epsilon(h, options.delta, options.unit) for h in histories), default=0.0)

@@ -253,8 +253,10 @@ def job_public(
     for device in devices:
         device["unmixed_rounds"] = sorted(unmixed.get(device["device_id"], ()))
     if epsilon is not None:
+        unit = _privacy_unit(job)
         for device in devices:
             device["epsilon_spent"] = epsilon.get(device["device_id"])
+            device["privacy_unit"] = unit
     return JobPublic(
         job_id=job.id,
         status=cast(JobStatus, job.status),
@@ -409,3 +411,11 @@ def device_round_metrics(m: RoundMetric) -> DeviceRoundMetrics:
         if key in body:  # a signed job's counters
             out[key] = int(body[key])
     return out
+
+
+def _privacy_unit(job: Job) -> str | None:
+    """The unit the job's ε is for (``device``/``record``); ``None``: not a DP job."""
+    spec = job.spec
+    if not spec.get("dp_noise_multiplier"):
+        return None
+    return str(spec.get("dp_unit", "device"))

@@ -143,6 +143,7 @@ class JobRunner:
             threads=self.config.threads,
             slowdown=self.config.slowdown,
             momentum=spec.get("local_momentum", 0.0),
+            dp_sgd=self.privacy.dp_sgd,  # record-level DP: (σ, C) of DP-SGD, else None
         )
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
         # Measured before the engine starts: the link probe borrows the transport's handler.
@@ -153,7 +154,7 @@ class JobRunner:
         )
         profile.update(link)
         self.client.put_profile(self.device_id, profile)
-        if self.privacy.dp:
+        if self.privacy.device_noise:
             self._warn_dp(sum(int(a.size) for a in trainer.params().values()))
         topo = TopologyVersion.from_assignment(self.assignment)
         self.versions = {topo.version: topo}
@@ -181,9 +182,9 @@ class JobRunner:
         finally:
             self.observer.job_finished(self.job_id)
 
-    def _spend(self, round_: int, releases: int) -> bool:
-        """Record this round's DP releases at the coordinator first; False: budget reached."""
-        body: PrivacySpend = {"round": round_, "releases": releases}
+    def _spend(self, body: PrivacySpend) -> bool:
+        """Record a round's DP releases (or DP-SGD steps) at the coordinator first; False: over."""
+        round_ = body["round"]
         if not self._spent:  # this run's first: an earlier run may have released this round
             body["new_run"] = True
         try:
@@ -225,7 +226,7 @@ class JobRunner:
             reporter.post_metrics(report)
         try:
             while round_ <= spec["rounds"]:
-                if self.privacy.dp and not self._spend(round_, releases):
+                if self.privacy.dp and not self._spend(trainer.dp_spend(len(y), round_, releases)):
                     break
                 topo = engine.switch(round_, topo, self.versions)
                 if topo.removed:

@@ -141,7 +141,7 @@ def build_secure_engine(
         consensus_step=spec["consensus_step"],
         fixed_point=fixed_point,
         density=density,
-        dp_clip=options.clip,
+        dp_clip=options.clip if options.device_noise else 0.0,  # record-level: no release clip
         dp_noise_std=options.noise_std_steps(fixed_point.step),
     )
     log.info(

@@ -4,6 +4,11 @@ Minibatch SGD (W1: learning rate 0.1, batch 32, one local epoch per round), opti
 with heavy-ball momentum kept across rounds, with the shuffling drawn from a per-device
 ``torch.Generator`` so a run is reproducible.
 
+With record-level differential privacy (``dp_unit`` ``record``) every step is DP-SGD
+instead (:mod:`edge_agent.dp_sgd`: Poisson-sampled batches, per-example clipping to C,
+Gaussian noise σC on the sum, divided by the expected batch size), and momentum applies
+to the privatized gradient.
+
 For tests and benchmarks a trainer can play a slower device honestly: with ``slowdown``
 s > 1 it sleeps (s − 1)·t after every optimizer step that took t seconds, so its training
 (and the throughput it measures for the capability profile) is s times slower than this
@@ -22,7 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from meshfl.contract import ModelSpec
+from edge_agent.dp_sgd import DPSGD, RecordDP
+from meshfl.contract import ModelSpec, PrivacySpend
 from meshfl.errors import ConfigError, DataError
 from meshfl.files import atomic_write
 from models.arrays import load_arrays, spec_hash, to_arrays
@@ -108,12 +114,20 @@ class Trainer:
         the first step. The buffer v lives as long as the trainer — across rounds and
         across the gossip's :meth:`set_params` — and is saved and restored by the
         agent's checkpoint (:meth:`momentum_state`). 0: plain SGD.
+    dp_sgd : tuple of (float, float), optional
+        ``(σ, C)``: train with DP-SGD (record-level DP, :mod:`edge_agent.dp_sgd`) with
+        noise multiplier σ and per-example clipping norm C; each epoch is
+        ``ceil(n / batch_size)`` steps on Poisson samples at rate q = batch_size / n.
+        None: ordinary shuffled minibatches.
+    dp_seed : int, optional
+        Seed of DP-SGD's sampling and noise (tests only); None: from the OS.
 
     Raises
     ------
     ConfigError
         A non-positive hyper-parameter, a slowdown below 1 or not finite, a momentum
-        outside [0, 1), or a bad model spec.
+        outside [0, 1), a bad model spec, σ or C not > 0, or DP-SGD on a model with
+        BatchNorm.
 
     """
 
@@ -129,6 +143,8 @@ class Trainer:
         data_seed: int | None = None,
         slowdown: float = 1.0,
         momentum: float = 0.0,
+        dp_sgd: tuple[float, float] | None = None,
+        dp_seed: int | None = None,
     ) -> None:
         self.slowdown = _check_slowdown(slowdown)
         self.momentum = check_momentum(momentum)
@@ -149,6 +165,33 @@ class Trainer:
                             momentum=self.momentum)
             if self.momentum > 0 else None
         )  # fmt: skip
+        self._dp: DPSGD | None = None
+        if dp_sgd is not None:
+            config = RecordDP(*dp_sgd)
+            self._dp = DPSGD(self._model, self._loss, config, batch_size, dp_seed)
+
+    @property
+    def record_dp(self) -> RecordDP | None:
+        """DP-SGD's σ and C when this trainer runs record-level DP, else None."""
+        return None if self._dp is None else self._dp.config
+
+    def steps(self, n: int, work_fraction: float = 1.0) -> int:
+        """Optimizer steps :meth:`train` runs on ``n`` examples at ``work_fraction``."""
+        per_epoch = math.ceil(n / self.batch_size)
+        return max(1, round(work_fraction * self.local_epochs * per_epoch))
+
+    def dp_spend(self, n: int, round_: int, releases: int) -> PrivacySpend:
+        """The spend to record before round ``round_`` (``POST .../privacy/.../spend``).
+
+        With DP-SGD: the steps of a full :meth:`train` call on ``n`` examples (the
+        planner's ``work_fraction`` can only lower them: over-counting is the safe side),
+        each a Poisson-subsampled Gaussian mechanism at ``sampling_rate`` q = B / n.
+        Otherwise the round's ``releases`` device-level releases, unchanged.
+        """
+        if self._dp is None:
+            return {"round": round_, "releases": releases}
+        q = RecordDP.sampling_rate(n, self.batch_size)
+        return {"round": round_, "releases": self.steps(n), "sampling_rate": q}
 
     @property
     def spec_hash(self) -> str:
@@ -233,11 +276,20 @@ class Trainer:
         return xt, yt
 
     def _step(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
-        """One SGD step on a minibatch (then the slowdown sleep); returns its mean loss."""
+        """One SGD step on a minibatch (then the slowdown sleep); returns its mean loss.
+
+        With DP-SGD the gradient is the privatized g̃ (NaN loss for an empty sample).
+        """
         start = time.perf_counter()
-        loss = self._loss(self._model(xb), yb)
         self._model.zero_grad(set_to_none=True)
-        loss.backward()
+        if self._dp is not None:
+            noised, value = self._dp.noised_gradient(xb, yb)
+            for name, p in self._model.named_parameters():
+                p.grad = noised[name]
+        else:
+            loss = self._loss(self._model(xb), yb)
+            loss.backward()
+            value = float(loss.detach())
         if self._optimizer is not None:
             self._optimizer.step()
         else:
@@ -245,7 +297,6 @@ class Trainer:
                 for p in self._model.parameters():
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-self.learning_rate)
-        value = float(loss.detach())
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * (time.perf_counter() - start))
         return value
@@ -253,11 +304,17 @@ class Trainer:
     def _epoch(
         self, xt: torch.Tensor, yt: torch.Tensor, generator: torch.Generator, max_batches: int
     ) -> tuple[float, int]:
-        order = torch.randperm(len(yt), generator=generator)
+        if self._dp is not None:  # Poisson samples, as many steps as an ordinary epoch
+            per_epoch = math.ceil(len(yt) / self.batch_size)
+            batches = [self._dp.sample(len(yt)) for _ in range(min(per_epoch, max_batches))]
+        else:
+            order = torch.randperm(len(yt), generator=generator)
+            batches = list(torch.split(order, self.batch_size)[:max_batches])
         total, seen = 0.0, 0
-        for batch in torch.split(order, self.batch_size)[:max_batches]:
-            total += self._step(xt[batch], yt[batch]) * len(batch)
-            seen += len(batch)
+        for batch in batches:
+            loss = self._step(xt[batch], yt[batch])
+            if len(batch):
+                total, seen = total + loss * len(batch), seen + len(batch)
         return total, seen
 
     def train(self, x: np.ndarray, y: np.ndarray, work_fraction: float = 1.0) -> TrainResult:
@@ -295,13 +352,14 @@ class Trainer:
         xt, yt = self._tensors(x, y)
         self._model.train()
         per_epoch = math.ceil(len(yt) / self.batch_size)
-        steps = max(1, round(work_fraction * self.local_epochs * per_epoch))
+        steps = self.steps(len(yt), work_fraction)
         start = time.perf_counter()
         total, seen, left = 0.0, 0, steps
         while left > 0:
             epoch_total, epoch_seen = self._epoch(xt, yt, self._generator, left)
             total, seen, left = total + epoch_total, seen + epoch_seen, left - per_epoch
-        return TrainResult(total / seen, seen, time.perf_counter() - start, steps)
+        loss = total / seen if seen else 0.0  # DP-SGD: every Poisson sample may be empty
+        return TrainResult(loss, seen, time.perf_counter() - start, steps)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """Return (accuracy in [0, 1], mean cross-entropy) on (x, y); DataError when empty."""

@@ -8,7 +8,7 @@ releases before making them and is refused (409) once its ε budget would be cro
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, status
 
@@ -105,6 +105,11 @@ def get_privacy(
         float | None,
         Query(gt=0, lt=1, description="δ to report ε at (default: its jobs' smallest dp_delta)"),
     ] = None,
+    unit: Annotated[
+        Literal["device", "record"],
+        Query(description="the unit of privacy: the device's data, or each of its records"),
+    ] = "device",
 ) -> PrivacyStatus:
-    """ε the device spent over all its jobs (RDP accountant)."""
-    return budget.device_status(session, store.get_device(session, device_id), delta)
+    """ε the device spent over all its jobs, for the unit asked (RDP accountant)."""
+    device = store.get_device(session, device_id)
+    return budget.device_status(session, device, delta, unit)

@@ -58,7 +58,7 @@ def build(
 
 def _privatizer(privacy: PrivacyOptions) -> GaussianPrivatizer | None:
     """Local DP (McMahan et al., ICLR 2018): clip each released difference, add noise."""
-    if not privacy.dp:
+    if not privacy.device_noise:  # record-level DP: releases are post-processing
         return None
     # OS entropy: the noise must not be predictable from the job's public seed.
     rng = np.random.default_rng()

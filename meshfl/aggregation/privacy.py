@@ -14,9 +14,12 @@ cannot work is refused with the same one-line reason everywhere, before a job st
   It needs CHOCO-SGD in sync mode on a fixed graph.
 - **Robust rules** (coordinate-wise median, trimmed mean, ClippedGossip) look at each
   neighbour's state separately, which masking exists to hide: they are refused together.
-- **Differential privacy**: ``distributed`` noise is split across a securely
-  aggregated neighbourhood, so it needs secure aggregation; DP clips a *delta*, so it
-  needs CHOCO-SGD (D-PSGD sends models).
+- **Differential privacy** at one of two units (``dp_unit``, docs/privacy.md): ``device``
+  (the default) clips and noises each released *delta* (DP-FedAvg), so it needs
+  CHOCO-SGD (D-PSGD sends models), and ``distributed`` noise is split across a securely
+  aggregated neighbourhood, so it needs secure aggregation; ``record`` runs DP-SGD in
+  the trainer (per-sample clipping and noise, Abadi et al. 2016), every release is
+  post-processing, so it adds no noise to releases and combines with any algorithm.
 - **Nothing else leaves a private device**: under DP or secure aggregation
   (:attr:`PrivacyOptions.private`) a device uploads no final model (``publish_model`` is
   refused) and its round reports carry no count sketch of its model.
@@ -36,6 +39,7 @@ from meshfl.errors import ConfigError
 __all__ = [
     "DEFAULT_DP_DELTA",
     "DEFAULT_SECURE_RANGE",
+    "DP_UNITS",
     "PrivacyOptions",
     "RobustRule",
     "check_threshold",
@@ -49,6 +53,10 @@ DEFAULT_DP_DELTA: float = JOB_DEFAULTS["dp_delta"]
 DEFAULT_SECURE_RANGE: float = JOB_DEFAULTS["secure_range"]
 """±R: the fixed-point range of one coordinate of a masked contribution (the job option's
 default, :mod:`meshfl.contract.job_options`)."""
+
+DP_UNITS = ("device", "record")
+"""The units of privacy a job may name (``dp_unit``): a device's whole dataset, or one
+of its examples (records). docs/privacy.md, "Two units of privacy"."""
 
 MIN_SIGMA, MAX_SIGMA = 0.01, 1e4
 """The noise multipliers a job accepts (the accountant's ε is finite and meaningful)."""
@@ -179,6 +187,10 @@ class PrivacyOptions:
         ε_max per device over all its jobs (0: accounted, not capped).
     robust : RobustRule or None
         The robust mixing rule (``None``: plain weighted mixing).
+    unit : str
+        The unit of privacy, one of :data:`DP_UNITS`: ``device`` (σ and C apply to each
+        released delta) or ``record`` (σ and C are DP-SGD's, applied to each minibatch's
+        per-sample gradients in the trainer; releases carry no further noise).
 
     """
 
@@ -190,6 +202,7 @@ class PrivacyOptions:
     delta: float = DEFAULT_DP_DELTA
     epsilon_budget: float = 0.0
     robust: RobustRule | None = None
+    unit: str = "device"
 
     @property
     def secure(self) -> bool:
@@ -200,6 +213,21 @@ class PrivacyOptions:
     def dp(self) -> bool:
         """Whether differential privacy is on."""
         return self.noise_multiplier > 0
+
+    @property
+    def device_noise(self) -> bool:
+        """Whether each released delta is clipped and noised (device-level DP)."""
+        return self.dp and self.unit == "device"
+
+    @property
+    def record_dp(self) -> bool:
+        """Whether the trainer runs DP-SGD (record-level DP; releases are post-processing)."""
+        return self.dp and self.unit == "record"
+
+    @property
+    def dp_sgd(self) -> tuple[float, float] | None:
+        """``(σ, C)`` for the trainer's DP-SGD at the ``record`` unit, else None."""
+        return (self.noise_multiplier, self.clip) if self.record_dp else None
 
     @property
     def private(self) -> bool:
@@ -255,7 +283,10 @@ class PrivacyOptions:
             raise ConfigError(f"dp_mode must be 'local' or 'distributed', got {mode!r}")
         robust_text = spec.get("robust")
         robust = None if robust_text in (None, "", "none") else parse_robust(robust_text)
-        options = cls(threshold, secure_range, sigma, clip, mode, delta, budget, robust)
+        unit = spec.get("dp_unit", "device")
+        if unit not in DP_UNITS:
+            raise ConfigError(f"dp_unit must be 'device' or 'record', got {unit!r}")
+        options = cls(threshold, secure_range, sigma, clip, mode, delta, budget, robust, unit)
         options._check_combination(spec)
         return options
 
@@ -267,12 +298,22 @@ class PrivacyOptions:
             raise ConfigError("dp_clip without dp_noise_multiplier gives no privacy; set both")
         if self.epsilon_budget > 0 and not self.dp:
             raise ConfigError("dp_epsilon_budget needs dp_noise_multiplier > 0")
-        if self.dp and algorithm != "choco":
+        if self.unit == "record" and not self.dp:
+            raise ConfigError(
+                "dp_unit record runs DP-SGD: set dp_noise_multiplier > 0 and dp_clip > 0"
+                " (the per-sample clipping norm C)"
+            )
+        if self.record_dp and self.mode != "local":
+            raise ConfigError(
+                "dp_unit record adds its noise in training (DP-SGD), not to releases:"
+                " dp_mode distributed does not apply; use dp_mode local"
+            )
+        if self.device_noise and algorithm != "choco":
             raise ConfigError(
                 "differential privacy clips and noises a delta; D-PSGD sends whole models:"
                 " use algorithm choco"
             )
-        if self.dp and spec_value(spec, "keyframe_growth"):
+        if self.device_noise and spec_value(spec, "keyframe_growth"):
             raise ConfigError(
                 "error-triggered keyframes cannot repair a DP replica (under DP a keyframe"
                 " re-sends the public replica, not the model): set keyframe_growth to 0"
@@ -335,8 +376,9 @@ class PrivacyOptions:
         ``local``: σC (each contribution is private on its own); ``distributed``: σC/√t,
         so that any t surviving members' noise sums to at least σC (Kairouz, Liu &
         Steinke, "The Distributed Discrete Gaussian Mechanism", ICML 2021, Section 4).
+        0 at the ``record`` unit too: DP-SGD noised the training, releases add none.
         """
-        if not self.dp:
+        if not self.device_noise:
             return 0.0
         std = self.noise_multiplier * self.clip
         if self.mode == "distributed":

@@ -120,6 +120,9 @@ class JobSpec(TypedDict):
     dp_mode: NotRequired[Literal["local", "distributed"]]  # where the noise is added [local]
     dp_delta: NotRequired[float]  # δ of the (ε, δ) guarantee [1e-5]
     dp_epsilon_budget: NotRequired[float]  # ε_max per device, over all its jobs [0: none]
+    # The unit of privacy (issue 22): "device" (σ, C on each released delta) or "record"
+    # (DP-SGD in the trainer: per-sample clipping to C, noise σC per minibatch) [device].
+    dp_unit: NotRequired[Literal["device", "record"]]
     robust: NotRequired[str]  # "median", "trimmed:β", "clipped-gossip" [plain mixing]
     # Signed deltas (issue 6): every envelope Ed25519-signed by its sender, verified by
     # receivers against Assignment.peer_keys; needs every participant enrolled with an
@@ -200,6 +203,8 @@ class JobDevicePublic(TypedDict):
     onnx_max_abs_diff: NotRequired[float | None]
     # ε this job spent on the device at the job's δ (issue 5); None: not a DP job.
     epsilon_spent: NotRequired[float | None]
+    # The unit that ε is for: "device" or "record" (issue 22); None: not a DP job.
+    privacy_unit: NotRequired[str | None]
 
 
 @strict

@@ -102,7 +102,7 @@ JOB: dict[str, Any] = {
     "sketch_dim": 0,
     "dp_noise_multiplier": 1.0,
     "dp_clip": 1.0,
-    "publish_model": True,
+    "publish_model": False,  # a DP job must not upload un-noised models (refused)
 }
 
 

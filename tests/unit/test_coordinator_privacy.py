@@ -357,7 +357,7 @@ def test_spends_are_idempotent_and_shown_per_job_and_per_device(fleet: Fleet) ->
     assert changed.status_code == 409 and "already recorded" in changed.json()["detail"]
     two = pytest.approx(epsilon([(1.0, 2)], 1e-5))
     assert status == {"device_id": ids[0], "epsilon_spent": two, "delta": 1e-5,
-                      "epsilon_budget": None, "releases": 2}  # fmt: skip
+                      "epsilon_budget": None, "releases": 2, "unit": "device"}  # fmt: skip
     assert shown[ids[0]] == pytest.approx(status["epsilon_spent"]) and shown[ids[1]] == 0.0
     assert fleet.privacy(ids[1]).json()["epsilon_spent"] == 0.0
 

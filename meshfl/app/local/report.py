@@ -117,6 +117,7 @@ def build_report(
             for r in rounds
         ],
         "devices": devices,
+        "privacy": privacy_summary(job),
         "final": {
             "mean_accuracy": last["mean_accuracy"] if last else None,
             "min_accuracy": last["min_accuracy"] if last else None,
@@ -338,3 +339,21 @@ def _plot(path: Path, report: dict[str, Any]) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def privacy_summary(job: JobPublic) -> dict[str, Any] | None:
+    """The job's DP guarantee: ``{"unit", "epsilon", "delta"}`` (``None``: no DP).
+
+    ``unit`` is ``device`` (a device's whole dataset) or ``record`` (one of its
+    examples, DP-SGD); ``epsilon`` is the largest ε this job spent on a device (``None``
+    before any spend), at the job's ``delta`` (docs/privacy.md).
+    """
+    spec: Mapping[str, Any] = job.get("spec") or {}
+    if not spec.get("dp_noise_multiplier"):
+        return None
+    spent = [d["epsilon_spent"] for d in job["devices"] if d.get("epsilon_spent") is not None]
+    return {
+        "unit": spec.get("dp_unit", "device"),
+        "epsilon": max(spent, default=None),  # type: ignore[type-var]
+        "delta": spec.get("dp_delta", 1e-5),
+    }
