@@ -49,14 +49,14 @@ def build(
         codec=policy,
         shared_start=True,
         keyframe_growth=spec.get("keyframe_growth", 0.0),
-        privatizer=_privatizer(privacy),
+        privatizer=privatizer(privacy),
         robust=privacy.robust,
     )
     choco.set_neighbours(weights, self_weight, listen=listen)
     return choco
 
 
-def _privatizer(privacy: PrivacyOptions) -> GaussianPrivatizer | None:
+def privatizer(privacy: PrivacyOptions) -> GaussianPrivatizer | None:
     """Local DP (McMahan et al., ICLR 2018): clip each released difference, add noise."""
     if not privacy.device_noise:  # record-level DP: releases are post-processing
         return None

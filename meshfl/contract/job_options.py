@@ -164,6 +164,10 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("dp_clip", float, 0.0, "DP clipping norm C of each delta."),
     JobOption("dp_mode", str, "local",
               "local (each device adds all its noise) or distributed (needs SecAgg)."),
+    JobOption("dp_unit", str, "device",
+              "Unit of privacy: device (σ, C on each released delta) or record (DP-SGD:"
+              " per-example clipping to C, noise σ·C per Poisson-sampled batch).",
+              check=lambda v: v in ("device", "record"), rule="device or record"),
     JobOption("dp_delta", float, 1e-5, "δ of the (ε, δ) guarantee."),
     JobOption("dp_epsilon_budget", float, 0.0, "ε budget per device over all its jobs (0: none)."),
     JobOption("robust", str, None,

@@ -14,6 +14,7 @@ from test_agent_models import _LINK as LINK
 from test_agent_models import DEVICES, _assignment, _config, _connected, _digits_files
 from test_agent_privacy import BudgetClient
 
+from edge_agent.algorithms.choco import privatizer
 from edge_agent.job import JobRunner
 from edge_agent.transport.memory import MemoryBroker
 from meshfl.modelspec import from_options, with_hash
@@ -71,4 +72,4 @@ def test_a_record_level_job_spends_its_dp_sgd_steps_and_adds_no_release_noise(
         assert [m["round"] for m in client.metrics] == [1, 2, 3]
         assert all(m["sketch"] == [] for m in client.metrics)  # still a private job
     for runner in runners:
-        assert runner.privacy.record_dp and runner._privatizer() is None
+        assert runner.privacy.record_dp and privatizer(runner.privacy) is None

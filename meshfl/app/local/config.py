@@ -118,6 +118,7 @@ class LocalConfig:
     dp_noise_multiplier: float = _DEFAULT["dp_noise_multiplier"]
     dp_clip: float = _DEFAULT["dp_clip"]
     dp_mode: str = _DEFAULT["dp_mode"]
+    dp_unit: str = _DEFAULT["dp_unit"]
     dp_delta: float = _DEFAULT["dp_delta"]
     dp_epsilon_budget: float = _DEFAULT["dp_epsilon_budget"]
     robust: str | None = _DEFAULT["robust"]
@@ -130,7 +131,7 @@ class LocalConfig:
 DEFAULTS = LocalConfig()
 
 PRIVACY_FIELDS = (
-    "secure_aggregation", "secure_range", "dp_noise_multiplier", "dp_clip", "dp_mode",
+    "secure_aggregation", "secure_range", "dp_noise_multiplier", "dp_clip", "dp_mode", "dp_unit",
     "dp_delta", "dp_epsilon_budget", "robust",
 )  # fmt: skip
 """The privacy options: LocalConfig fields with the JobSpec fields' names (issue 5)."""
