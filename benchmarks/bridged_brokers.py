@@ -28,8 +28,9 @@ from machine import describe
 from broker.bridge import BridgedBrokers
 from edge_agent.transport.mqtt_utils import sys_bytes
 from meshfl.app.local.bridged import SYS_INTERVAL_S
+from meshfl.app.local.config import DEFAULTS, LocalConfig
 from meshfl.app.local.lab.lockstep import run_lockstep
-from meshfl.app.local.run import DEFAULTS, LocalConfig, run_local
+from meshfl.app.local.run import run_local
 
 
 def one_broker(

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 
+from meshfl.app.local.config import DEFAULTS
 from meshfl.app.local.lab.lockstep import run_lockstep
-from meshfl.app.local.run import DEFAULTS
 
 SWEEP = [
     ("dpsgd", "identity", 1.0, "ring"),

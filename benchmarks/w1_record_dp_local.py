@@ -1,10 +1,9 @@
 """W1 on a real local fleet (`meshfl local`'s Python API) with record-level DP.
 
-The job spec gets ``dp_unit: "record"`` next to ``--dp-noise-multiplier`` / ``--dp-clip``
-(until `meshfl local` has a ``--dp-unit`` option, the spec builder is wrapped here).
-Every other option is `meshfl local`'s default (CHOCO-SGD, sign codec, complete graph,
-local momentum 0.9), except ``keyframe_growth`` 0, which the device-level checks of the
-local launcher ask for whenever DP is on.
+The same as ``meshfl local --dp-unit record --dp-noise-multiplier S --dp-clip C``. Every
+other option is `meshfl local`'s default (CHOCO-SGD, sign codec, complete graph, local
+momentum 0.9), except ``keyframe_growth`` 0, which the device-level checks of the local
+launcher ask for whenever DP is on.
 
     python benchmarks/w1_record_dp_local.py --sigma 2.85 --clip 4 --out /tmp/w1-record
 """
@@ -34,21 +33,13 @@ def main() -> None:
     parser.add_argument("--momentum", type=float, default=None)
     parser.add_argument("--out", type=Path, default=Path("meshfl-run-record-dp"))
     args = parser.parse_args()
-    build = local_run._job_spec
-
-    def with_unit(config: LocalConfig, test_file: Path) -> Any:
-        spec = build(config, test_file)
-        spec["dp_unit"] = "record"
-        return spec
-
-    local_run._job_spec = with_unit  # type: ignore[assignment]
     extra: dict[str, Any] = {}
     if args.codec:
         extra["codec"] = args.codec
     if args.momentum is not None:
         extra["local_momentum"] = args.momentum
     config = LocalConfig(
-        dp_noise_multiplier=args.sigma, dp_clip=args.clip, keyframe_growth=0.0,
+        dp_noise_multiplier=args.sigma, dp_clip=args.clip, dp_unit="record", keyframe_growth=0.0,
         model_seed=args.model_seed, out=args.out, **extra,
     )  # fmt: skip
     result = local_run.run_local(config)

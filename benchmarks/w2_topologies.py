@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 
+from meshfl.app.local.config import DEFAULTS
 from meshfl.app.local.lab.lockstep import run_lockstep
-from meshfl.app.local.run import DEFAULTS
 from meshfl.topology import build_graph, exponential, metropolis_hastings, spectral_gap
 
 TOPOLOGIES = ["ring", "torus", "exponential", "one-peer-exponential", "complete"]

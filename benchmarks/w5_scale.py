@@ -50,9 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe
 
 from broker.bridge import BridgedBrokers
+from meshfl.app.local.config import DEFAULTS, LocalConfig
 from meshfl.app.local.lab.lockstep import run_lockstep
 from meshfl.app.local.processes import Supervisor
-from meshfl.app.local.run import DEFAULTS, LocalConfig, run_local
+from meshfl.app.local.run import run_local
 from meshfl.contract import RoundSummary
 
 SYS_TOPICS = ("$SYS/broker/bytes/+", "$SYS/broker/publish/messages/+")

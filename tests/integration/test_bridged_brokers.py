@@ -27,7 +27,8 @@ pytestmark = pytest.mark.mqtt
 Received = list[tuple[str, bytes, int, bool]]  # topic, payload, qos, retain
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    # Generous: it returns as soon as the predicate holds; a loaded host delays bridges.
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -148,8 +149,8 @@ def test_an_agents_probe_stays_on_its_own_broker(
     publisher.publish(delta, b"after the probe")  # same client, same order: a marker
 
     assert wait_until(lambda: on_hub.payloads(delta) == [b"after the probe"])
-    assert on_leaf.payloads(probe) == [b"ping"]
-    assert on_hub.payloads(probe) == []
+    assert wait_until(lambda: on_leaf.payloads(probe) == [b"ping"])
+    assert on_hub.payloads(probe) == []  # the bridge forwards in order: it came before
 
 
 def test_a_retained_status_and_a_last_will_cross_the_bridge(
