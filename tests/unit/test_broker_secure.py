@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import signal
 import stat
 import subprocess
 import threading
@@ -135,14 +136,24 @@ def test_an_unwritable_password_file_is_a_config_error(tmp_path: Path) -> None:
         PasswordFile(blocker / "passwd").add("dev-a", "pw")
 
 
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_sighup_reloader_signals_the_pid_in_the_file(tmp_path: Path) -> None:
-    child = subprocess.Popen(["sleep", "30"])
-    pid_file = tmp_path / "mosquitto.pid"
-    pid_file.write_text(f"{child.pid}\n")
+    # An ignored SIGHUP is inherited through exec (e.g. a suite run under nohup): the
+    # child takes the default action back before it runs, so SIGHUP ends it.
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=_default_sighup)
+    try:
+        pid_file = tmp_path / "mosquitto.pid"
+        pid_file.write_text(f"{child.pid}\n")
 
-    sighup_reloader(pid_file)()
+        sighup_reloader(pid_file)()
 
-    assert child.wait(5) == -1  # killed by SIGHUP (1): the signal went to that pid
+        assert child.wait(5) == -signal.SIGHUP  # the signal went to that pid
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_sighup_reloader_errors_are_one_line(tmp_path: Path) -> None:
