@@ -44,13 +44,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.round_engine import RoundHooks, wait_at_start_barrier
-from edge_agent.secagg.crypto import (
-    JobKeys,
-    split_secret,
-)
+from edge_agent.secagg.crypto import JobKeys
 from edge_agent.secagg.inbox import KEEP_ROUNDS, SecureInbox
 from edge_agent.secagg.instance import Instance
 from edge_agent.secagg.keyring import Directory, Keyring
+from edge_agent.secagg.shamir import split_secret
 from edge_agent.signing import Verifier
 from edge_agent.transport.base import Transport
 from meshfl.aggregation import (

@@ -1,6 +1,7 @@
 r"""Key material and primitives of secure aggregation (Bonawitz et al., CCS 2017).
 
-The one module of the agent that calls ``cryptography`` and pycryptodome; their
+With :mod:`edge_agent.secagg.shamir`, the only agent code that calls ``cryptography``
+and pycryptodome; their
 exceptions become :class:`~meshfl.errors.SecurityError` (a signature, key or sealed
 message that does not verify) or :class:`~meshfl.errors.ConfigError` (a bad argument)
 here. The protocol and its byte formats are those of ``docs``' secure-aggregation
@@ -19,8 +20,7 @@ description (issue 5):
   ``f"{job}|{round}|{sender}|{recipient}"`` (:func:`seal_aad`);
 - pairwise mask seed ``m_jk = HKDF(X25519(s_sk_j, s_pk_k), info=b"meshfl mask" +
   f"{job}|{round}|{aggregator}|{min(j,k)}|{max(j,k)}")`` (:func:`mask_seed`);
-- Shamir shares of 32-byte secrets as two 16-byte halves split with the same indices
-  (pycryptodome, GF(2^128)).
+- Shamir shares of the 32-byte seeds: :mod:`edge_agent.secagg.shamir`.
 
 In every context string, ids are meshfl ids (``A-Z a-z 0-9 _ . -``, never ``|``) and
 rounds are decimal ASCII, so the encoding is unambiguous. All HKDFs are HKDF-SHA256
@@ -33,7 +33,7 @@ import base64
 import binascii
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +59,6 @@ __all__ = [
     "b64decode",
     "b64encode",
     "bundle_signed_bytes",
-    "combine_shares",
     "hkdf",
     "identity_key_path",
     "mask_seed",
@@ -67,7 +66,6 @@ __all__ = [
     "seal",
     "seal_aad",
     "share_key",
-    "split_secret",
     "verify_bundle",
     "verify_signature",
 ]
@@ -480,59 +478,3 @@ def mask_seed(
     lo, hi = (a, b) if a <= b else (b, a)
     context = f"{job}|{int(round_)}|{aggregator}|{lo}|{hi}".encode()
     return hkdf(_exchange(s_private_r, peer_s_pk_raw, "masking"), b"meshfl mask" + context)
-
-
-# -- Shamir -------------------------------------------------------------------------------
-
-
-def split_secret(secret: bytes, threshold: int, n: int) -> list[tuple[int, bytes]]:
-    """Shamir-split a 32-byte ``secret`` into ``n`` shares, any ``threshold`` of which recover it.
-
-    Shamir (1979) over GF(2^128) (pycryptodome): the two 16-byte halves are split
-    separately with the same indices 1..n; share i is ``(i, half0_i ‖ half1_i)``
-    (32 bytes). Fewer than ``threshold`` shares reveal nothing about the secret.
-
-    Raises
-    ------
-    ConfigError
-        ``secret`` is not 32 bytes, or not 2 ≤ threshold ≤ n.
-
-    """
-    from Crypto.Protocol.SecretSharing import Shamir
-
-    if len(secret) != KEY_BYTES:
-        raise ConfigError(f"a Shamir secret must be {KEY_BYTES} bytes, got {len(secret)}")
-    if not 2 <= threshold <= n:
-        raise ConfigError(
-            f"threshold t={threshold} must satisfy 2 <= t <= n={n} (the neighbourhood size);"
-            " lower --secure-aggregation or use a topology of higher degree"
-        )
-    low = Shamir.split(threshold, n, secret[:16])
-    high = Shamir.split(threshold, n, secret[16:])
-    return [(i, lo + hi) for (i, lo), (_, hi) in zip(low, high, strict=True)]
-
-
-def combine_shares(shares: Sequence[tuple[int, bytes]]) -> bytes:
-    """Recover a 32-byte secret from shares of :func:`split_secret` (Lagrange interpolation).
-
-    With at least the threshold of distinct shares, this is the secret; with fewer it is
-    an unrelated value (no error can tell).
-
-    Raises
-    ------
-    WireError
-        Fewer than 2 shares, a repeated index, an index < 1 or a share not of 32 bytes.
-
-    """
-    from Crypto.Protocol.SecretSharing import Shamir
-
-    if len(shares) < 2:
-        raise WireError(f"at least 2 shares are needed to combine, got {len(shares)}")
-    indices = [index for index, _ in shares]
-    if len(set(indices)) != len(indices) or min(indices) < 1:
-        raise WireError(f"share indices must be distinct and >= 1, got {sorted(indices)}")
-    if any(len(share) != KEY_BYTES for _, share in shares):
-        raise WireError(f"every share must be {KEY_BYTES} bytes")
-    low = Shamir.combine([(i, s[:16]) for i, s in shares])
-    high = Shamir.combine([(i, s[16:]) for i, s in shares])
-    return low + high

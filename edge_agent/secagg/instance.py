@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_agent.secagg.crypto import combine_shares
+from edge_agent.secagg.shamir import combine_shares
 from meshfl.aggregation import add_mod, unmask, unpack_words
 from meshfl.contract import Declaration
 from meshfl.errors import WireError

@@ -25,9 +25,7 @@ MAX_LINES = 500
 
 # Modules over MAX_LINES today, each with its line count as a ceiling: an entry may only
 # go down (lower it when a module shrinks; delete it once the module is under the limit).
-OVERSIZE_CEILINGS: dict[str, int] = {
-    "edge_agent/secagg/crypto.py": 538,
-}
+OVERSIZE_CEILINGS: dict[str, int] = {}
 
 
 def _source_files() -> Iterator[Path]:

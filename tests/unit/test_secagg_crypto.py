@@ -15,17 +15,16 @@ from edge_agent.secagg.crypto import (
     IdentityKey,
     JobKeys,
     bundle_signed_bytes,
-    combine_shares,
     identity_key_path,
     mask_seed,
     open_sealed,
     seal,
     seal_aad,
     share_key,
-    split_secret,
     verify_bundle,
     verify_signature,
 )
+from edge_agent.secagg.shamir import combine_shares, split_secret
 from meshfl.errors import ConfigError, SecurityError, WireError
 
 

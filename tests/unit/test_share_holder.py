@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from edge_agent.secagg.crypto import combine_shares, split_secret
 from edge_agent.secagg.holder import ShareHolder
+from edge_agent.secagg.shamir import combine_shares, split_secret
 from meshfl.errors import SecurityError, WireError
 from meshfl.wire.shares import (
     Reveal,
