@@ -69,7 +69,7 @@ from meshfl.wire import (
     inbox_filter,
     inbox_topic,
     new_message_id,
-    split_message,
+    pack_message,
     status_topic,
 )
 from meshfl.wire.secagg import (
@@ -77,7 +77,7 @@ from meshfl.wire.secagg import (
     encode_request,
     encode_sealed,
 )
-from meshfl.wire.serde import Sign, encode_envelope
+from meshfl.wire.serde import Sign
 from meshfl.wire.shares import (
     Share,
     SharesMessage,
@@ -371,9 +371,8 @@ class SecureEngine(SecureInbox, RoundHooks):
             tensors=tensors,
         )
         topic = inbox_topic(self.fleet, dst, self.device_id)
-        message = encode_envelope(env, self.signer)
         size = self.transport.chunk_size(topic, self.max_payload)  # the broker may allow less
-        for chunk in split_message(message, env.message_id, size):
+        for chunk in pack_message(env, size, self.signer):
             self.transport.publish(topic, chunk, qos=1)
 
     def _send_body(self, dst: str, round_: int, data: bytes) -> None:

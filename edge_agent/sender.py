@@ -28,10 +28,10 @@ from meshfl.wire import (
     delta_topic,
     inbox_topic,
     new_message_id,
-    split_message,
+    pack_message,
 )
 from meshfl.wire.repair import encode_repair_request
-from meshfl.wire.serde import Sign, encode_envelope
+from meshfl.wire.serde import Sign
 
 __all__ = ["MAX_ID_CHARS", "MAX_REPAIR_AFTER_S", "MIN_REPAIR_AFTER_S", "Sender"]
 
@@ -126,13 +126,12 @@ class Sender:
             tensors=tensors,
         )
         topic = delta_topic(self.fleet, self.device_id)
-        message = encode_envelope(env, self.signer)
         self.ledger.counts.sent += 1
         size = min(
             self.transport.chunk_size(topic, self.max_payload),
             self.transport.chunk_size(self._longest_inbox, self.max_payload),
         )
-        chunks = split_message(message, env.message_id, size)
+        chunks = pack_message(env, size, self.signer)
         self.outbox.add(self.sequence, round_, chunks, receivers)
         for chunk in chunks:
             self.transport.publish(topic, chunk, qos=1)

@@ -13,7 +13,8 @@
   (the signed declaration, protocol bodies, mask sets), :mod:`~meshfl.wire.shares`
   (SHARES/REVEAL), all through :mod:`~meshfl.wire.jsonbody`.
 
-Sending: ``for chunk in pack_message(env, max_payload): publish(delta_topic(...), chunk)``.
+Sending: ``for chunk in pack_message(env, max_payload, sign): publish(delta_topic(...), chunk)``
+(the gossip sender and the secure engine both do exactly this).
 Receiving: ``msg = reassembler.feed(payload, sender, topic)``; if not ``None``,
 ``decode_envelope(msg)``.
 Malformed input raises :class:`~meshfl.errors.WireError` and nothing else. See docs/wire.md.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from meshfl.errors import ConfigError, QuotaError, WireError
 from meshfl.wire.envelope import Envelope
-from meshfl.wire.serde import CHUNK_OVERHEAD, decode_chunk, encode_chunk, encode_envelope
+from meshfl.wire.serde import CHUNK_OVERHEAD, Sign, decode_chunk, encode_chunk, encode_envelope
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -89,9 +89,16 @@ def split_message(
     ]
 
 
-def pack_message(env: Envelope, max_payload: int = DEFAULT_MAX_PAYLOAD) -> list[bytes]:
-    """Encode ``env`` and split it into chunks keyed by ``env.message_id``."""
-    return split_message(encode_envelope(env), env.message_id, max_payload)
+def pack_message(
+    env: Envelope, max_payload: int = DEFAULT_MAX_PAYLOAD, sign: Sign | None = None
+) -> list[bytes]:
+    """Encode ``env`` (signed by ``sign`` if given) and split it into chunks keyed by its id.
+
+    The one way a sender turns an envelope into what it publishes: the chunks of
+    :func:`~meshfl.wire.serde.encode_envelope` ``(env, sign)`` of at most ``max_payload``
+    bytes each (see :func:`split_message` for the bounds and errors).
+    """
+    return split_message(encode_envelope(env, sign), env.message_id, max_payload)
 
 
 @dataclass(frozen=True)

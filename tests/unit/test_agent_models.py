@@ -102,7 +102,9 @@ def test_each_zoo_model_trains_one_round_through_the_job_runner(tmp_path: Path, 
     model = with_hash(from_options(name, 64, 10))
     files = _digits_files(tmp_path)
     bus = MemoryBroker()
-    clients = [FakeClient() for _ in DEVICES]
+    assignments = [_assignment(model, i) for i in range(len(DEVICES))]
+    # Each fake coordinator still lists the job: a poll that reads none would end it.
+    clients = [FakeClient(assignment) for assignment in assignments]
     errors: list[BaseException] = []
 
     def device(i: int) -> None:
@@ -112,7 +114,7 @@ def test_each_zoo_model_trains_one_round_through_the_job_runner(tmp_path: Path, 
                 clients[i],  # type: ignore[arg-type]
                 _connected(bus, DEVICES[i]),
                 DEVICES[i],
-                _assignment(model, i),  # type: ignore[arg-type]
+                assignments[i],  # type: ignore[arg-type]
                 link={**_LINK, "measured_at": time.time()},  # type: ignore[typeddict-item]
             )
             with np.load(files[i]) as data:

@@ -366,18 +366,20 @@ def test_job_runner_signs_verifies_and_reports_refusals(tmp_path: Any) -> None:
     identities = [IdentityKey.generate() for _ in DEVICES]
     peer_keys = {d: k.public_b64 for d, k in zip(DEVICES, identities, strict=True)}
     bus = MemoryBroker()
-    clients = [FakeClient() for _ in DEVICES]
-    errors: list[BaseException] = []
-
-    def device(i: int) -> None:
-        assignment = _assignment(model, i)
+    assignments = [_assignment(model, i) for i in range(len(DEVICES))]
+    for assignment in assignments:
         del assignment["spec"]["signed_deltas"]  # the default: signed
         assignment["spec"]["rounds"] = 2
         assignment["peer_keys"] = peer_keys
+    # Each fake coordinator still lists the job: a poll that reads none ends it early.
+    clients = [FakeClient(assignment) for assignment in assignments]
+    errors: list[BaseException] = []
+
+    def device(i: int) -> None:
         try:
             runner = JobRunner(
                 _config(tmp_path, files[i], DEVICES[i]), clients[i], _connected(bus, DEVICES[i]),
-                DEVICES[i], assignment, link={**_LINK, "measured_at": time.time()},
+                DEVICES[i], assignments[i], link={**_LINK, "measured_at": time.time()},
                 identity=identities[i],
             )  # fmt: skip
             with np.load(files[i]) as data:
