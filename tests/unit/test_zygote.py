@@ -3,6 +3,7 @@ torch once are still processes of their own, with a fresh process's random state
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from broker.ports import free_port
 from meshfl.app.local.processes import Supervisor, wait_for_port
 from meshfl.app.local.zygote import ForkedProcess, Zygote
+from meshfl.app.local.zygote_server import PRELOAD
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +86,23 @@ def test_a_failed_call_names_its_error(zygote: Zygote, tmp_path: Path) -> None:
 
     with pytest.raises(MeshflError, match="ModuleNotFoundError"):
         zygote.call("no_such_module:f", {}, tmp_path / "e.log", timeout_s=60)
+
+
+def test_every_preloaded_module_exists() -> None:
+    # The zygote skips a module that does not import (an extra not installed) with one
+    # line in its log; a renamed module would silently cost every forked agent its import.
+    missing = [name for name in PRELOAD if importlib.util.find_spec(name) is None]
+    assert missing == []
+
+
+def test_a_forked_child_exits_with_its_code_and_its_output_in_its_log(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    # A child ends without the interpreter's module teardown (zygote_server._leave): its
+    # exit code and everything it printed (here without a newline) still come out.
+    log = tmp_path / "print.log"
+    assert zygote.call("builtins:print", {"end": "left in the buffer"}, log, 60) is None
+    assert log.read_text() == "left in the buffer"
+    bad = zygote.spawn(["no-such-command"], tmp_path / "bad.log", dict(os.environ))
+    assert bad.wait(timeout=60) == 2  # Click's usage error
+    assert "no-such-command" in (tmp_path / "bad.log").read_text()

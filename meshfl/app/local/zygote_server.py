@@ -8,6 +8,7 @@ docstring.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -16,9 +17,10 @@ import selectors
 import socket
 import sys
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["PRELOAD", "first_draws", "main", "serve"]
 
@@ -32,8 +34,8 @@ PRELOAD = (
     "edge_agent.daemon",
     "edge_agent.job",
     "edge_agent.trainer",
-    "edge_agent.probe",
-    "edge_agent.netprobe",
+    "edge_agent.capability_probe",
+    "edge_agent.link_probe",
     "edge_agent.fleet",
     "edge_agent.transport.mqtt",
     "edge_agent.secagg.crypto",
@@ -210,25 +212,50 @@ def first_draws() -> dict[str, float]:
     }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> NoReturn:
     """``python -m meshfl.app.local.zygote SOCKET``: serve; in a child, run its command."""
     request = serve(argv[0])
     if request is None:  # told to stop: nothing to finalise, and torch's teardown is slow
         sys.stdout.flush()
         os._exit(0)
     _become(request)
-    if request.call is not None:
-        return _run_call(request)
+    code: int | None
+    try:
+        code = _run_call(request) if request.call is not None else _run_command(request)
+    except SystemExit as exc:
+        code = exc.code if exc.code is None or isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # what the interpreter would print before exiting with 1
+        traceback.print_exc()
+        code = 1
+    _leave(code or 0)
+
+
+def _run_command(request: _Request) -> int:
     from meshfl.app.cli import main as meshfl_main
 
-    try:
-        meshfl_main(request.args)
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr)
-        return 1
+    meshfl_main(request.args)
     return 0
+
+
+def _leave(code: int) -> NoReturn:
+    """End a forked child as the interpreter's exit would, without tearing modules down.
+
+    Python's exit waits for the non-daemon threads, runs the ``atexit`` handlers (logging's
+    final flush among them), flushes stdio and then finalises every module: with torch
+    loaded that last step alone takes about a second of CPU (0.98 s against 0.06 s for
+    this, measured on a forked child of the zygote), eight agents and the report's ONNX
+    check at the end of every ``meshfl local`` run.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _run_call(request: _Request) -> int:
@@ -245,4 +272,4 @@ def _run_call(request: _Request) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])
