@@ -197,6 +197,25 @@ def test_a_secure_job_swaps_the_default_sign_codec_for_int8_and_says_why() -> No
     assert note.startswith("secure aggregation: codec int8 (sign cannot be masked)")
 
 
+def test_a_record_level_dp_job_swaps_the_default_codec_and_momentum_and_says_why() -> None:
+    from meshfl.app.cli.options import privacy_defaults
+
+    job = {"secure_aggregation": 0, "dp_noise_multiplier": 2.85, "dp_unit": "record",
+           "codec": DEFAULTS.codec, "local_momentum": DEFAULTS.local_momentum,
+           "keyframe_growth": DEFAULTS.keyframe_growth}  # fmt: skip
+    note = privacy_defaults(job)
+    assert (job["codec"], job["local_momentum"], job["keyframe_growth"]) == ("identity", 0.0, 0.0)
+    assert note.startswith("differential privacy: codec identity (sign loses DP-SGD's small")
+    assert "local momentum 0 (0.9 lengthens the noised steps)" in note
+    # What the user chose stays; device-level DP keeps the defaults.
+    chosen = {**job, "codec": "int8", "local_momentum": 0.5, "keyframe_growth": 0.0}
+    privacy_defaults(chosen)
+    assert (chosen["codec"], chosen["local_momentum"]) == ("int8", 0.5)
+    device = {**job, "dp_unit": "device", "codec": DEFAULTS.codec, "local_momentum": 0.9}
+    privacy_defaults(device)
+    assert (device["codec"], device["local_momentum"]) == (DEFAULTS.codec, 0.9)
+
+
 def test_job_start_sends_the_momentum_in_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 

@@ -14,7 +14,7 @@ import typer
 from meshfl.app.cli.option_group import option_group
 from meshfl.contract.job_options import JOB_OPTIONS, LAUNCHER_DEFAULTS, JobOption
 
-__all__ = ["SECURE_DEFAULT_CODEC", "privacy_defaults", "with_job_options"]
+__all__ = ["RECORD_DP_CODEC", "SECURE_DEFAULT_CODEC", "privacy_defaults", "with_job_options"]
 
 _COMMAND_LINE = tuple(o for o in JOB_OPTIONS if o.command_line)
 
@@ -49,24 +49,39 @@ SECURE_DEFAULT_CODEC = "int8"
 """The codec a secure job uses when the codec option was left at its default (sign,
 which cannot be masked)."""
 
+RECORD_DP_CODEC = "identity"
+"""The codec a record-level DP job uses when the codec option was left at its default."""
+
 
 def privacy_defaults(job: dict[str, Any]) -> str:
     """Swap the defaults of ``job`` that cannot work with secure aggregation or DP.
 
     With ``--secure-aggregation``, a codec left at the default (sign) becomes int8; with
     it or with DP, keyframes left at the default turn off (a keyframe is an unmasked
-    model). Options the user gave explicitly are kept (and refused with the reason if they
-    cannot work). ``job`` maps ``JobSpec`` fields to values and is changed in place.
-    Returns a note saying what changed (``""`` when nothing did).
+    model). With record-level DP (DP-SGD), a codec and a local momentum left at their
+    defaults become identity and 0: on W1 at ε = 8 the defaults reach 0.39, identity
+    without momentum 0.861 (BENCHMARKS.md, record-level DP). Options the user gave
+    explicitly are kept (and refused with the reason if they cannot work). ``job`` maps
+    ``JobSpec`` fields to values and is changed in place. Returns a note saying what
+    changed (``""`` when nothing did).
     """
     from meshfl.codecs import parse_codec
 
     secure, dp = job["secure_aggregation"] > 0, job["dp_noise_multiplier"] > 0
+    record = dp and job.get("dp_unit", "device") == "record"
     codec = LAUNCHER_DEFAULTS["codec"]
+    at_default = parse_codec(job["codec"]).spec == parse_codec(codec).spec
     changed = []
-    if secure and parse_codec(job["codec"]).spec == parse_codec(codec).spec:
+    if secure and at_default:
         job["codec"] = SECURE_DEFAULT_CODEC
         changed.append(f"codec {SECURE_DEFAULT_CODEC} ({codec} cannot be masked)")
+    elif record and at_default:
+        job["codec"] = RECORD_DP_CODEC
+        changed.append(f"codec {RECORD_DP_CODEC} ({codec} loses DP-SGD's small steps)")
+    momentum = LAUNCHER_DEFAULTS.get("local_momentum")
+    if record and momentum and job.get("local_momentum") == momentum:
+        job["local_momentum"] = 0.0
+        changed.append(f"local momentum 0 ({momentum} lengthens the noised steps)")
     if (secure or dp) and job["keyframe_growth"] == LAUNCHER_DEFAULTS["keyframe_growth"]:
         job["keyframe_growth"] = 0.0
         changed.append("error-triggered keyframes off")
