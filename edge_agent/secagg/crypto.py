@@ -29,8 +29,6 @@ rounds are decimal ASCII, so the encoding is unambiguous. All HKDFs are HKDF-SHA
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import os
 from collections.abc import Mapping
@@ -48,6 +46,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from meshfl.errors import ConfigError, MeshflError, SecurityError, WireError
 from meshfl.files import atomic_write
 from meshfl.wire import validate_id
+from meshfl.wire.jsonbody import b64, need_b64
 
 __all__ = [
     "KEY_BYTES",
@@ -56,8 +55,6 @@ __all__ = [
     "IdentityKey",
     "JobKeys",
     "ParsedBundle",
-    "b64decode",
-    "b64encode",
     "bundle_signed_bytes",
     "hkdf",
     "identity_key_path",
@@ -83,31 +80,6 @@ _BUNDLE_MAGIC = b"meshfl-keybundle-v1\0"
 
 
 # -- encodings ----------------------------------------------------------------------------
-
-
-def b64encode(data: bytes) -> str:
-    """Standard base64 (with padding) of ``data``, as ASCII text."""
-    return base64.b64encode(data).decode("ascii")
-
-
-def b64decode(text: object, what: str, length: int | None = None) -> bytes:
-    """Decode strict standard base64 ``text``; ``length`` (bytes) if given must match.
-
-    Raises
-    ------
-    WireError
-        ``text`` is not a str of valid base64, or decodes to the wrong length.
-
-    """
-    if not isinstance(text, str):
-        raise WireError(f"{what} must be a base64 string, got {type(text).__name__}")
-    try:
-        data = base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError, ValueError):
-        raise WireError(f"{what} is not valid base64") from None
-    if length is not None and len(data) != length:
-        raise WireError(f"{what} must be {length} bytes, got {len(data)}")
-    return data
 
 
 def hkdf(key_material: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
@@ -188,7 +160,7 @@ class IdentityKey:
     @property
     def public_b64(self) -> str:
         """The raw 32-byte public key in standard base64 (``EnrolRequest.identity_key``)."""
-        return b64encode(self.public_raw)
+        return b64(self.public_raw)
 
     def sign(self, data: bytes) -> bytes:
         """The 64-byte Ed25519 signature of ``data``."""
@@ -205,7 +177,7 @@ def verify_signature(public_b64: str, data: bytes, signature: bytes) -> None:
 
     """
     try:
-        raw = b64decode(public_b64, "identity key", KEY_BYTES)
+        raw = need_b64(public_b64, "identity key", KEY_BYTES)
         Ed25519PublicKey.from_public_bytes(raw).verify(signature, data)
     except (WireError, InvalidSignature, ValueError, TypeError) as exc:
         reason = str(exc) if isinstance(exc, MeshflError) else "the signature does not verify"
@@ -335,9 +307,9 @@ class JobKeys:
         return {
             "device": self.device,
             "job": self.job,
-            "c_pk": b64encode(self.c_public_raw),
-            "s_pks": b64encode(s_pks),
-            "signature": b64encode(signature),
+            "c_pk": b64(self.c_public_raw),
+            "s_pks": b64(s_pks),
+            "signature": b64(signature),
         }
 
 
@@ -390,9 +362,9 @@ def verify_bundle(
     try:
         device = validate_id(bundle.get("device"), "bundle device")  # type: ignore[arg-type]
         job = validate_id(bundle.get("job"), "bundle job")  # type: ignore[arg-type]
-        c_pk = b64decode(bundle.get("c_pk"), "bundle c_pk", KEY_BYTES)
-        s_pks = b64decode(bundle.get("s_pks"), "bundle s_pks", rounds * slots * KEY_BYTES)
-        signature = b64decode(bundle.get("signature"), "bundle signature", SIGNATURE_BYTES)
+        c_pk = need_b64(bundle.get("c_pk"), "bundle c_pk", KEY_BYTES)
+        s_pks = need_b64(bundle.get("s_pks"), "bundle s_pks", rounds * slots * KEY_BYTES)
+        signature = need_b64(bundle.get("signature"), "bundle signature", SIGNATURE_BYTES)
     except MeshflError as exc:
         raise SecurityError(f"malformed key bundle: {exc}") from None
     verify_signature(identity_public_b64, bundle_signed_bytes(job, device, c_pk, s_pks), signature)
