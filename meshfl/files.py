@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "fsync_dir", "private_file"]
+__all__ = ["atomic_write", "fsync_dir", "private_file", "writable_dir"]
 
 
 def atomic_write(
@@ -96,4 +96,25 @@ def private_file(path: str | Path) -> Path:
                 os.chmod(path, 0o600)
     except OSError:
         pass
+    return path
+
+
+def writable_dir(path: Path, option: str = "--out") -> Path:
+    """Create the folder ``path`` if needed and check a file can be written in it.
+
+    For an output folder given as ``option``, checked before minutes of work. Returns
+    ``path``. Raises :class:`~meshfl.errors.ConfigError` naming the option, the folder
+    and the reason (read-only, not a folder, no permission) in one line.
+    """
+    from meshfl.errors import ConfigError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".meshfl-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {path} is not a writable directory ({exc.strerror}); choose another"
+        ) from None
     return path

@@ -7,23 +7,11 @@ from typing import Annotated
 
 import typer
 
+from meshfl.files import writable_dir
+
 bench_app = typer.Typer(help="Benchmarks on the fixed workloads.", no_args_is_help=True)
 
 Out = Annotated[Path, typer.Option(help="Directory for the results (JSON; frontier: plot too).")]
-
-
-def _writable(out: Path) -> Path:
-    """Create ``out`` now, so a bad path fails before minutes of measuring."""
-    from meshfl.errors import ConfigError
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".meshfl-write-test"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--out {out} is not a writable directory ({exc.strerror})") from None
-    return out
 
 
 @bench_app.command("codecs")
@@ -41,7 +29,7 @@ def codecs(
     from meshfl.app.bench.codecs import main
 
     specs_list = None if specs is None else specs.split(",")
-    main(size=size, specs=specs_list, repeats=repeats, out=_writable(out))
+    main(size=size, specs=specs_list, repeats=repeats, out=writable_dir(out))
 
 
 @bench_app.command("wire")
@@ -52,7 +40,7 @@ def wire(
     """Envelope and chunking overhead for deltas of 1 KiB, 64 KiB and 1 MiB."""
     from meshfl.app.bench.wire import main
 
-    main(repeats=repeats, out=_writable(out))
+    main(repeats=repeats, out=writable_dir(out))
 
 
 @bench_app.command("frontier")
@@ -73,5 +61,5 @@ def frontier(
         specs=None if specs is None else specs.split(","),
         rounds=rounds,
         seeds=seeds,
-        out=_writable(out),
+        out=writable_dir(out),
     )

@@ -50,6 +50,7 @@ from meshfl.app.local.validation import validate
 from meshfl.app.local.zygote import Zygote, zygote_enabled
 from meshfl.contract import JobPublic, JobSpec, RoundSummary
 from meshfl.errors import ConfigError, Interrupted, MeshflError
+from meshfl.files import writable_dir
 
 if TYPE_CHECKING:
     from broker.bridge import BridgedBrokers
@@ -109,16 +110,7 @@ def run_local(
     check_secure_options(config)
     check_bridged_options(config)
     check_in_process_options(config)
-    out = config.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".meshfl-write-test"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(
-            f"--out {out} is not a writable directory ({exc.strerror}); choose another"
-        ) from None
+    out = writable_dir(config.out)
     # The agents' zygote imports torch while the data is cut and the servers start.
     zygote = Zygote(out / "logs") if zygote_enabled() else None
     try:
