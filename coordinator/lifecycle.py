@@ -106,10 +106,14 @@ def start_job(
             if selector
             else "live, idle, active device(s) are enrolled"
         )
-        fix = "select fewer or broader" if selector else "start more agents or create a job with"
+        fix = (
+            "select fewer or broader devices"
+            if selector
+            else "start more agents or create the job for fewer devices"
+        )
         raise Conflict(
             f"job {job.id!r} needs {wanted or 'at least 1'} device(s) but {len(eligible)}"
-            f" {which}{low}; {fix} devices"
+            f" {which}{low}; {fix}"
         )
     chosen = sorted(eligible[:wanted] if wanted else eligible, key=lambda d: (d.name, d.id))
     salt = None

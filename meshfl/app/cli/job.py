@@ -87,9 +87,9 @@ def start(
     ] = False,
     follow: Annotated[bool, typer.Option(help="Print rounds until the job ends.")] = True,
 ) -> None:
-    """Create a job and start it on the enrolled devices.
+    r"""Create a job and start it on the enrolled devices.
 
-    --topology takes a kind or a JSON edge-list file {"n": N, "edges": [[i, j], ...]},
+    --topology takes a kind or a JSON edge-list file {"n": N, "edges": [\[i, j], ...]},
     read here and sent as the job's custom graph (N devices take part).
     """
     # The job's options (``job``) are the table's: meshfl.contract.JOB_OPTIONS.

@@ -186,7 +186,7 @@ def local(
     check_bridged_options(config)
     # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    console = Console()
+    console = Console(soft_wrap=True)  # paths and lines stay whole when output is captured
     console.print(
         f"[bold]meshfl local[/]: {agents} agents, {config.algorithm} {config.codec},"
         f" {config.topology}, {config.rounds} rounds on {dataset} → {out}/",

@@ -233,7 +233,8 @@ class AdminClient:
                 if untrusted is not None:
                     raise ConfigError(untrusted_message(self.url, untrusted)) from None
                 raise CoordinatorUnreachable(
-                    f"cannot reach the coordinator at {self.url} ({type(exc).__name__})"
+                    f"cannot reach the coordinator at {self.url} ({type(exc).__name__});"
+                    " check that it runs and that --coordinator names it"
                 ) from None
             if response.status_code != 503 or attempt == BUSY_RETRIES:
                 break

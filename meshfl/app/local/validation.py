@@ -34,7 +34,8 @@ def validate(config: LocalConfig) -> None:
     """
     most = MAX_IN_PROCESS_AGENTS if config.in_process else MAX_AGENTS
     if not 2 <= config.agents <= most:
-        raise ConfigError(f"--agents must be between 2 and {most} (got {config.agents})")
+        more = "" if config.in_process else f"; up to {MAX_IN_PROCESS_AGENTS} with --in-process K"
+        raise ConfigError(f"--agents must be between 2 and {most} (got {config.agents}){more}")
     check_job_options(config.job_options())
     if not (math.isfinite(config.alpha) and config.alpha > 0):
         raise ConfigError(f"--alpha must be a positive number (got {config.alpha})")
