@@ -25,12 +25,16 @@ from meshfl.errors import CodecSpecError, ConfigError, TopologyError
 from meshfl.modelspec import ZOO_MODELS, check_sizes, with_hash
 from meshfl.topology import MIXING_RULES, Graph, build_graph
 
+MAX_SPEC_TEXT = 1024
+"""Longest job name or ``test_data`` path accepted, characters."""
+
 __all__ = [
     "LOSSLESS_CODECS",
     "MAX_LABELS",
     "MAX_LABEL_VALUE",
     "MAX_SECURE_KEYS",
     "MAX_SECURE_ROUNDS",
+    "MAX_SPEC_TEXT",
     "MAX_TAGS",
     "TAG_PATTERN",
     "fill_model_hash",
@@ -116,6 +120,13 @@ def validate_spec(spec: JobSpec) -> None:
     """
     if not spec["name"].strip():
         raise ConfigError("spec.name is empty; give the job a name")
+    for field in ("name", "test_data"):
+        text = spec.get(field)
+        if isinstance(text, str) and (len(text) > MAX_SPEC_TEXT or not text.isprintable()):
+            raise ConfigError(
+                f"spec.{field} must be printable text of at most {MAX_SPEC_TEXT} characters"
+                " (no control characters)"
+            )
     if "topology" not in spec:
         raise ConfigError("spec.topology is missing; name a topology (or create the job over"
                           " REST, which fills the fleet default)")  # fmt: skip

@@ -140,9 +140,11 @@ def confine_path(path: str | Path, data_dir: Path) -> Path:
     ------
     SecurityError
         The resolved path is outside the resolved ``data_dir`` (``/etc/shadow``,
-        ``../x``, a symlink pointing out), naming both.
+        ``../x``, a symlink pointing out), naming both; or the path holds a NUL byte.
 
     """
+    if "\0" in str(path):
+        raise SecurityError(f"the job's data path {str(path)[:200]!r} holds a NUL byte")
     root = Path(data_dir).resolve()
     target = (root / Path(path)).resolve()
     if not target.is_relative_to(root):

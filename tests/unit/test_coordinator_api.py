@@ -422,6 +422,9 @@ def test_fleet_view_lists_latest_profiles_with_filters_and_paging(
         ({"topology": "hypercube"}, "topology"),
         ({"algorithm": "dpsgd", "codec": "topk:0.1"}, "codec"),
         ({"rounds": "many"}, "rounds"),
+        ({"test_data": "test\u0000.npz"}, "test_data"),  # every agent would fail on it
+        ({"name": "x" * 200_000}, "name"),
+        ({"name": "a\nb"}, "name"),
     ],
 )
 def test_invalid_job_specs_are_422_naming_the_field(

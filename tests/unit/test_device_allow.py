@@ -213,7 +213,7 @@ def test_confine_path_resolves_inside_and_refuses_escapes(tmp_path: Path) -> Non
     assert confine_path("sub/../a.npz", tmp_path) == (tmp_path / "a.npz").resolve()
     inner = tmp_path / "sub" / "b.csv"
     assert confine_path(inner, tmp_path) == inner.resolve()
-    for bad in ("..", "../x", "/", "sub/../../x"):
+    for bad in ("..", "../x", "/", "sub/../../x", "a\0.npz"):
         with pytest.raises(SecurityError):
             confine_path(bad, tmp_path / "sub")
 

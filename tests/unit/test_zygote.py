@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,3 +107,48 @@ def test_a_forked_child_exits_with_its_code_and_its_output_in_its_log(
     bad = zygote.spawn(["no-such-command"], tmp_path / "bad.log", dict(os.environ))
     assert bad.wait(timeout=60) == 2  # Click's usage error
     assert "no-such-command" in (tmp_path / "bad.log").read_text()
+
+
+_EXIT_PROBE = """
+from concurrent.futures import ThreadPoolExecutor
+
+POOL = ThreadPoolExecutor(max_workers=1)
+KEPT = []
+
+
+def leave_open(path):
+    POOL.submit(int).result()  # an idle worker thread, its pool never shut down
+    KEPT.append(open(path, "w"))  # noqa: SIM115
+    KEPT[0].write("x" * 100)  # buffered, never flushed nor closed
+"""
+
+
+def test_a_child_with_a_live_thread_pool_and_an_open_file_exits_and_keeps_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    # The interpreter's exit stops idle concurrent.futures pools and flushes open files;
+    # a forked child's shorter exit (zygote_server._leave) must too, or it hangs.
+    module = tmp_path / "mod"
+    module.mkdir()
+    (module / "exit_probe.py").write_text(_EXIT_PROBE)
+    env = {**os.environ, "PYTHONPATH": str(module), "PYTHONUNBUFFERED": "1"}
+    zygote = Zygote(tmp_path / "zygote", env=env)
+    try:
+        kept = tmp_path / "kept.txt"
+        zygote.call("exit_probe:leave_open", {"path": str(kept)}, tmp_path / "c.log", 60)
+    finally:
+        zygote.stop()
+    assert kept.read_text() == "x" * 100
+
+
+def test_a_signal_during_cleanup_is_held_until_the_cleanup_is_done() -> None:
+    from meshfl.app.local.processes import uninterrupted
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt), uninterrupted():
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the cleanup
+        time.sleep(0.05)
+        done.append("every process stopped")
+    assert done == ["every process stopped"]
+    assert signal.getsignal(signal.SIGINT) is before

@@ -184,8 +184,11 @@ def local(
     validate(config)
     check_secure_options(config)
     check_bridged_options(config)
-    # SIGTERM stops the run like Ctrl-C: every child process is stopped, a report written.
+    # SIGTERM and SIGHUP (a closed terminal; not under nohup) stop the run like Ctrl-C:
+    # every child process is stopped, a partial report written.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _raise_interrupt)
     console = Console(soft_wrap=True)  # paths and lines stay whole when output is captured
     console.print(
         f"[bold]meshfl local[/]: {agents} agents, {config.algorithm} {config.codec},"

@@ -13,7 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +27,7 @@ from meshfl.errors import MeshflError
 if TYPE_CHECKING:
     from meshfl.app.local.zygote import ForkedProcess, Zygote
 
-__all__ = ["Child", "Supervisor", "free_port", "wait_for_port"]
+__all__ = ["Child", "Supervisor", "free_port", "uninterrupted", "wait_for_port"]
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, alive: Child | None = None) -> None:
@@ -162,3 +164,28 @@ class Supervisor:
                 child.process.wait()
         if self.zygote is not None:
             self.zygote.stop()
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Run a block that Ctrl-C, SIGTERM and SIGHUP cannot cut short, then raise for them.
+
+    For the cleanup that stops a run's processes: interrupted halfway, it would leave a
+    coordinator or a broker running with no parent. A signal that comes meanwhile is held
+    and raised as :class:`KeyboardInterrupt` once the block has finished. Handlers can
+    only be set in the main thread; elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    kinds = [k for k in signals if signal.getsignal(k) is not signal.SIG_IGN]  # nohup stays
+    previous = {kind: signal.signal(kind, lambda got, _frame: held.append(got)) for kind in kinds}
+    try:
+        yield
+    finally:
+        for kind, handler in previous.items():
+            signal.signal(kind, handler)
+    if held:
+        raise KeyboardInterrupt

@@ -31,7 +31,13 @@ from meshfl.app.local.lab.process_faults import ProcessFaults, broker_faults
 from meshfl.app.local.lab.shaping import ShapingProxy
 from meshfl.app.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
 from meshfl.app.local.onnx_report import report_section
-from meshfl.app.local.processes import Child, Supervisor, free_port, wait_for_port
+from meshfl.app.local.processes import (
+    Child,
+    Supervisor,
+    free_port,
+    uninterrupted,
+    wait_for_port,
+)
 from meshfl.app.local.report import (
     add_unmixed,
     build_report,
@@ -257,19 +263,20 @@ def run_local(
         if dashboard is not None:
             linger(config.dashboard_linger_s, dashboard, supervisor, say)
     finally:
-        if admin is not None:
-            admin.close()
-        supervisor.stop_all()
-        for proxy in proxies.values():
-            proxy.stop()
-        if chaos is not None:
-            chaos.stop()
-        if secure is not None:
-            secure.stop()
-        if mosquitto is not None:
-            mosquitto.stop()
-        if bridged is not None:
-            bridged.stop()
+        with uninterrupted():  # a Ctrl-C now would leave servers running
+            if admin is not None:
+                admin.close()
+            supervisor.stop_all()
+            for proxy in proxies.values():
+                proxy.stop()
+            if chaos is not None:
+                chaos.stop()
+            if secure is not None:
+                secure.stop()
+            if mosquitto is not None:
+                mosquitto.stop()
+            if bridged is not None:
+                bridged.stop()
     return result
 
 
