@@ -144,11 +144,16 @@ def test_a_child_with_a_live_thread_pool_and_an_open_file_exits_and_keeps_what_i
 def test_a_signal_during_cleanup_is_held_until_the_cleanup_is_done() -> None:
     from meshfl.app.local.processes import uninterrupted
 
-    before = signal.getsignal(signal.SIGINT)
-    done = []
-    with pytest.raises(KeyboardInterrupt), uninterrupted():
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the cleanup
-        time.sleep(0.05)
-        done.append("every process stopped")
-    assert done == ["every process stopped"]
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's own Ctrl-C handler (a pytest-xdist worker ignores SIGINT, which the block
+    # would leave ignored, as under nohup).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        done = []
+        with pytest.raises(KeyboardInterrupt), uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the cleanup
+            time.sleep(0.05)
+            done.append("every process stopped")
+        assert done == ["every process stopped"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
