@@ -89,6 +89,12 @@ class Dashboard:
     token: str
 
 
+def _ctrl_c_default() -> None:
+    """Give the child SIGINT's default action before it starts: a suite run from a
+    background script inherits an ignored SIGINT, and Python then never raises Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     out = tmp_path_factory.mktemp("dashboard") / "run"
@@ -104,6 +110,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
+        preexec_fn=_ctrl_c_default,  # the test presses Ctrl-C (SIGINT) at the end
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     run = LocalProcess(process, out)
