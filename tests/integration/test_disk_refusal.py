@@ -3,7 +3,8 @@
 Each test gives a component a folder on a small tmpfs, then has the disk refuse: remounted
 read-only, or filled to the last byte. The component must go on (the error said once, in
 one line) instead of raising out of the job. Mounting needs root; without it the read-only
-case falls back to a folder without write permission and the full case cannot be made.
+case falls back to a folder without write permission, and the full case fails saying so
+(it cannot be made honestly otherwise: nothing else gives ENOSPC on a folder).
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path,
                 os.close(fd)
 
     if kind == "full" and not mounted:
-        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
+        pytest.fail(
+            "a full disk is a 256 KiB tmpfs, and mounting one needs root and mount(8):"
+            " run the tests as root (as .ci/run does)"
+        )
     try:
         yield folder, refuse
     finally:
