@@ -78,8 +78,8 @@ def privacy_defaults(job: dict[str, Any]) -> str:
     elif record and at_default:
         job["codec"] = RECORD_DP_CODEC
         changed.append(f"codec {RECORD_DP_CODEC} ({codec} loses DP-SGD's small steps)")
-    momentum = LAUNCHER_DEFAULTS.get("local_momentum")
-    if record and momentum and job.get("local_momentum") == momentum:
+    momentum = LAUNCHER_DEFAULTS["local_momentum"]
+    if record and job.get("local_momentum") == momentum:
         job["local_momentum"] = 0.0
         changed.append(f"local momentum 0 ({momentum} lengthens the noised steps)")
     if (secure or dp) and job["keyframe_growth"] == LAUNCHER_DEFAULTS["keyframe_growth"]:

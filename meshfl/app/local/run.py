@@ -14,7 +14,6 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -228,34 +227,29 @@ def run_local(
         if not rounds and failed:
             name, why = next(iter(failed.items()))
             raise MeshflError(f"no round completed: agent {name} failed ({why})")
-        elapsed = time.monotonic() - started
+        report = build_report(
+            config, final_job, rounds, time.monotonic() - started, failed,
+            topology=admin.topology(job["job_id"]), churn=churn.events, links=proxies,
+            profiles={d["device_id"]: d["profile"] for d in admin.devices()},
+            device_reports=admin.reports(job["job_id"]), dashboard_url=dashboard,
+        )  # fmt: skip
+        report["security"] = _security_section(admin, final_job, spec, secure)
+        report["chaos"] = None if chaos is None else chaos.report()
+        report["ledger"] = _ledger(admin, job["job_id"])
+        unmixed = _unmixed(admin, final_job)
+        report["ledger"]["unmixed"] = None if unmixed is None else _total(unmixed)
+        if unmixed is not None:
+            add_unmixed(report, unmixed)
+        if bridged is not None:
+            report["brokers"] = brokers_section(bridged, config.agents + len(config.join_at))
         say("job ended; fetching the consensus model and checking the ONNX exports")
-        artifacts = _artifacts(admin, job["job_id"], out / "consensus.onnx")
-        published = artifacts.get("path")
-        # The ONNX check (seconds, in a zygote child) runs while the report is read.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnx-check") as pool:
-            onnx_check = pool.submit(
-                report_section, final_job, spec, test_file, out, failed,
-                None if published is None else Path(published), supervisor.zygote,
-                private=None if spec["publish_model"] else PRIVATE_CONSENSUS,  # no un-noised model
-            )  # fmt: skip
-            report = build_report(
-                config, final_job, rounds, elapsed, failed,
-                topology=admin.topology(job["job_id"]), churn=churn.events, links=proxies,
-                profiles={d["device_id"]: d["profile"] for d in admin.devices()},
-                device_reports=admin.reports(job["job_id"]), dashboard_url=dashboard,
-            )  # fmt: skip
-            report["security"] = _security_section(admin, final_job, spec, secure)
-            report["chaos"] = None if chaos is None else chaos.report()
-            report["ledger"] = _ledger(admin, job["job_id"])
-            unmixed = _unmixed(admin, final_job)
-            report["ledger"]["unmixed"] = None if unmixed is None else _total(unmixed)
-            if unmixed is not None:
-                add_unmixed(report, unmixed)
-            if bridged is not None:
-                report["brokers"] = brokers_section(bridged, config.agents + len(config.join_at))
-            report["artifacts"] = artifacts
-            report["onnx"] = onnx_check.result()
+        report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
+        published = report["artifacts"].get("path")
+        report["onnx"] = report_section(
+            final_job, spec, test_file, out, failed, None if published is None else Path(published),
+            supervisor.zygote,
+            private=None if spec["publish_model"] else PRIVATE_CONSENSUS,  # no un-noised model
+        )  # fmt: skip
         report_path, plot_path = write_report(out, report)
         result = LocalRun(report, report_path, plot_path, failed)
         if on_report is not None:

@@ -229,8 +229,8 @@ def main(argv: list[str]) -> NoReturn:
     try:
         code = _run_call(request) if request.call is not None else _run_command(request)
     except SystemExit as exc:
-        code = exc.code if exc.code is None or isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int | None):
+        code = exc.code if isinstance(exc.code, int | None) else 1
+        if code is not exc.code:  # sys.exit("message"): printed, as the interpreter does
             print(exc.code, file=sys.stderr)
     except BaseException:  # what the interpreter would print before exiting with 1
         traceback.print_exc()
