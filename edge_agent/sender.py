@@ -174,12 +174,14 @@ class Sender:
     def answer(self, peer: str, after: int) -> None:
         """Re-send ``peer`` the kept messages after ``after``, on its inbox topic.
 
-        At most one answer per peer every ``MIN_REPAIR_AFTER_S / 2`` seconds (honest
-        peers ask every ``repair_after_s``): a flood of requests re-sends nothing more.
+        At most one answer per peer every ``repair_after_s / 2`` seconds: an honest peer
+        of the job asks every ``repair_after_s`` (the same deadline gives it the same
+        period), so a flood of requests re-sends no more than twice what honest requests
+        would, however fast it comes.
         """
         kept = self.outbox.after(peer, after)  # acknowledges what the peer holds
         now = self.clock()
-        if not kept or now - self._served.get(peer, -1e9) < MIN_REPAIR_AFTER_S / 2:
+        if not kept or now - self._served.get(peer, -1e9) < self.repair_after_s / 2:
             return
         self._served[peer] = now
         topic = inbox_topic(self.fleet, peer, self.device_id)

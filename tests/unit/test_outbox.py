@@ -12,7 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.engine import GossipEngine
+from edge_agent.inbox import EngineStats
+from edge_agent.ledger import DeliveryLedger
 from edge_agent.outbox import Outbox
+from edge_agent.sender import Sender
 from edge_agent.transport.base import Message
 from edge_agent.transport.limits import PUBLISH_OVERHEAD
 from edge_agent.transport.memory import MemoryBroker, MemoryTransport
@@ -305,3 +308,51 @@ def test_re_sends_fit_the_broker_packet_limit_and_repair_like_an_unlimited_broke
     for g, e in zip(got, expected, strict=True):
         assert g is not None
         np.testing.assert_array_equal(g["w"], e["w"])
+
+
+class RecordingTransport(MemoryTransport):
+    """A transport that records what is published and delivers nothing."""
+
+    def __init__(self, bus: MemoryBroker) -> None:
+        super().__init__(bus)
+        self.published: list[str] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        self.published.append(topic)
+
+
+def test_a_flood_of_repair_requests_re_sends_at_most_twice_per_honest_period() -> None:
+    now = [100.0]
+    transport = RecordingTransport(MemoryBroker())
+    box = Outbox(keep_rounds=5)
+    sender = Sender(
+        transport=transport,
+        fleet=FLEET,
+        job_id=JOB,
+        device_id="dev-0",
+        outbox=box,
+        sequence=0,
+        signer=None,
+        max_payload=4096,
+        stats=EngineStats(),
+        ledger=DeliveryLedger({"dev-1"}),
+        deadline_s=8.0,  # repair_after_s = 1 s
+        clock=lambda: now[0],
+    )
+    for seq in (1, 2, 3):
+        box.add(seq, seq, [b"c%d" % seq], {"dev-1"})
+    assert sender.repair_after_s == 1.0
+
+    # A hostile peer asks every 10 ms for 10 s: 1,000 requests.
+    for _ in range(1000):
+        sender.answer("dev-1", 0)
+        now[0] += 0.01
+    # One answer every repair_after_s / 2 at most: 20 answers of the 3 kept messages.
+    assert len(transport.published) <= 3 * 20
+    assert len(transport.published) >= 3 * 19
+    # An honest peer, asking every repair_after_s, is answered every time.
+    transport.published.clear()
+    for _ in range(5):
+        now[0] += sender.repair_after_s
+        sender.answer("dev-1", 0)
+    assert len(transport.published) == 3 * 5
