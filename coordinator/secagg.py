@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any, cast
 
+from Crypto.Signature import eddsa
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -76,7 +77,9 @@ def parse_identity_key(text: object) -> str:
     Raises
     ------
     meshfl.errors.ConfigError
-        Not base64, not 32 bytes, or not a valid Ed25519 point encoding.
+        Not base64, not 32 bytes, or not the encoding of a point on Ed25519 (RFC 8032,
+        5.1.3: about half of all 32-byte strings are not; OpenSSL loads any 32 bytes,
+        so pycryptodome's decoding checks the point).
 
     """
     raw = _b64(text, "identity_key")
@@ -86,7 +89,7 @@ def parse_identity_key(text: object) -> str:
             f" got {len(raw)} bytes"
         )
     try:
-        Ed25519PublicKey.from_public_bytes(raw)
+        eddsa.import_public_key(raw)
     except ValueError:
         raise ConfigError("identity_key is not a valid Ed25519 public key") from None
     return cast(str, text)

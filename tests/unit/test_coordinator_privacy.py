@@ -154,6 +154,18 @@ def test_enrolment_refuses_an_identity_key_that_is_not_32_base64_bytes(fleet: Fl
     assert fleet.client.get(f"{API}/devices", headers=ADMIN_H).json() == []
 
 
+def test_enrolment_refuses_32_bytes_that_are_not_a_point_on_ed25519(fleet: Fleet) -> None:
+    # y = 2 has no x on the curve (RFC 8032, 5.1.3 step 3); OpenSSL loads it anyway.
+    off_curve = b64((2).to_bytes(32, "little"))
+    Ed25519PublicKey.from_public_bytes(base64.b64decode(off_curve))  # no check there
+    r = fleet.client.post(
+        f"{API}/devices/enrol", json={"token": ENROL, "name": "pi", "identity_key": off_curve}
+    )
+    assert r.status_code == 422
+    assert r.json()["detail"] == "identity_key is not a valid Ed25519 public key"
+    assert fleet.client.get(f"{API}/devices", headers=ADMIN_H).json() == []
+
+
 PRIVACY_REFUSALS: list[tuple[dict[str, Any], str]] = [
     ({"codec": "topk:0.1", "secure_aggregation": 2}, "cannot be used with secure aggregation"),
     ({"dp_noise_multiplier": 1.0}, "needs dp_clip > 0"),
