@@ -248,7 +248,8 @@ def departures(
     - by silence: nothing heard from it (no report, no assignment poll) for more than
       ``settings.depart_after_s`` seconds while another participant sent a round report
       within it (reason ``"silent for 61 s"``): the job goes on without it;
-    - by evidence: each of its current neighbours (at least one) listed it as
+    - by evidence: each of its current neighbours (at least one; a neighbour done, left,
+      or silent and itself missed by another neighbour bears no witness) listed it as
       ``missing`` in each of its latest 2 reports of the current version's rounds (for
       ``one-peer-exponential``: the latest 2 rounds in which they were paired), and it
       has been silent for more than ``settings.depart_evidence_s`` seconds and twice its
@@ -265,6 +266,7 @@ def departures(
     active = [r for r in rows if not r.done and r.left_round is None]
     leaving: dict[str, str] = {}
     reported: dict[str, float] | None = None  # read only when someone is long silent
+    evidence = _Evidence(session, job, topo, rows, now, settings.depart_evidence_s)
     for row in active:
         silent = now - row.last_activity
         if silent > settings.depart_after_s:
@@ -275,9 +277,7 @@ def departures(
             ):
                 leaving[row.device_id] = f"silent for {silent:.0f} s"
                 continue
-        if silent > settings.depart_evidence_s and _missed_by_all(
-            session, job, topo, row, now, settings.depart_evidence_s
-        ):
+        if silent > settings.depart_evidence_s and evidence.missed_by_all(row):
             leaving[row.device_id] = MISSED_BY_ALL
         elif silent > settings.depart_at_end_s and all(
             r.done for r in rows if r.device_id != row.device_id
@@ -286,33 +286,67 @@ def departures(
     return leaving
 
 
-def _missed_by_all(
-    session: Session, job: Job, topo: dict[str, Any], row: JobDevice, now: float, wait_s: float
-) -> bool:
-    devices: list[str] = topo["devices"]
-    if row.device_id not in devices:
-        return False
-    position, n = devices.index(row.device_id), len(devices)
-    neighbours = graph_of(topo).neighbours(position)
-    if not neighbours:
-        return False
-    own = store.latest_reports(session, job, row.device_id, since_round=1, limit=1)
-    round_s = float(own[0].metrics.get("round_s", 0.0)) if own else 0.0
-    if now - row.last_activity <= max(wait_s, 2 * round_s):
-        return False
-    one_peer = topo["kind"] == "one-peer-exponential"
-    limit = 2 * max(1, (n - 1).bit_length()) + 2 if one_peer else 2
-    since = int(topo.get("from_round", 1))
-    for j in neighbours:
-        reports = store.latest_reports(session, job, devices[j], since_round=since, limit=limit)
-        if one_peer:  # only the rounds in which j was paired with this device
+class _Evidence:
+    """Who missed whom in a job's latest rounds: departure by evidence (:func:`departures`)."""
+
+    def __init__(
+        self,
+        session: Session,
+        job: Job,
+        topo: dict[str, Any],
+        rows: list[JobDevice],
+        now: float,
+        wait_s: float,
+    ) -> None:
+        self.session, self.job, self.now, self.wait_s = session, job, now, wait_s
+        self.devices: list[str] = topo["devices"]
+        self.n = len(self.devices)
+        self.graph = graph_of(topo)
+        self.one_peer = topo["kind"] == "one-peer-exponential"
+        self.since = int(topo.get("from_round", 1))
+        self.silent_since = {
+            r.device_id: r.last_activity for r in rows if not r.done and r.left_round is None
+        }  # a participant done or left is absent: it bears no witness
+
+    def missed_by_all(self, row: JobDevice) -> bool:
+        """Each witness among ``row``'s neighbours (at least one) missed it twice.
+
+        A neighbour that is itself silent beyond ``wait_s`` and missed twice by another of
+        its neighbours is dead too and bears no witness: two adjacent dead devices are each
+        judged by their live neighbours.
+        """
+        if row.device_id not in self.devices:
+            return False
+        position = self.devices.index(row.device_id)
+        own = store.latest_reports(self.session, self.job, row.device_id, since_round=1, limit=1)
+        round_s = float(own[0].metrics.get("round_s", 0.0)) if own else 0.0
+        if self.now - row.last_activity <= max(self.wait_s, 2 * round_s):
+            return False
+        witnesses = [j for j in self.graph.neighbours(position) if self._witness(j, position)]
+        return bool(witnesses) and all(self._missed_twice(position, by=j) for j in witnesses)
+
+    def _witness(self, j: int, of: int) -> bool:
+        last = self.silent_since.get(self.devices[j])
+        if last is None:
+            return False
+        if self.now - last <= self.wait_s:
+            return True
+        return not any(self._missed_twice(j, by=k) for k in self.graph.neighbours(j) if k != of)
+
+    def _missed_twice(self, target: int, *, by: int) -> bool:
+        """Device ``by`` listed device ``target`` as missing in its latest 2 rounds with it."""
+        limit = 2 * max(1, (self.n - 1).bit_length()) + 2 if self.one_peer else 2
+        reports = store.latest_reports(
+            self.session, self.job, self.devices[by], since_round=self.since, limit=limit
+        )
+        if self.one_peer:  # only the rounds in which ``by`` was paired with ``target``
             reports = [
-                m for m in reports if position in one_peer_exponential(n, m.round).neighbours(j)
+                m for m in reports if target in one_peer_exponential(self.n, m.round).neighbours(by)
             ]
         latest = reports[:2]
-        if len(latest) < 2 or any(row.device_id not in m.metrics["missing"] for m in latest):
-            return False
-    return True
+        return len(latest) == 2 and all(
+            self.devices[target] in m.metrics["missing"] for m in latest
+        )
 
 
 def battery_departure(job: Job, row: JobDevice, device: Device) -> str | None:

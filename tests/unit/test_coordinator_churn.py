@@ -136,6 +136,28 @@ def test_a_device_missed_by_every_neighbour_twice_leaves_fast(fleet: Fleet) -> N
     assert topo["from_round"] == 5 and len(topo["edges"]) == 3  # the ring on 3 devices
 
 
+def test_two_adjacent_dead_devices_are_each_judged_by_their_live_neighbours(
+    fleet: Fleet,
+) -> None:
+    job_id, ids = started(fleet, 6)  # a ring: pi-2 and pi-3 die; pi-1 and pi-4 miss them
+    all_report(fleet, job_id, ids, 1)
+    live = [ids[0], ids[1], ids[4], ids[5]]
+    for rnd, now in ((2, 1_002.0), (3, 1_004.0)):
+        fleet.now = now
+        fleet.report(job_id, ids[1], rnd, missing=(ids[2],))
+        fleet.report(job_id, ids[4], rnd, missing=(ids[3],))
+        for device in (ids[0], ids[5]):
+            fleet.report(job_id, device, rnd)
+    fleet.job(job_id)
+
+    topo = fleet.topology(job_id)
+    assert topo["devices"] == live  # 4 s after their last word, not depart_after_s (60 s)
+    assert {e["device_id"]: e["reason"] for e in topo["events"][1:]} == {
+        ids[2]: MISSED_BY_ALL,
+        ids[3]: MISSED_BY_ALL,
+    }
+
+
 def test_the_departure_rules_run_at_most_once_per_check_period() -> None:
     throttled = Fleet(departure_check_s=1.0)
     with throttled.client:
