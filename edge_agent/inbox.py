@@ -286,7 +286,7 @@ class Inbox(Mailbox):
             return
         message = self._reassembler.feed(payload, peer or "", topic)
         if message is not None:
-            self._on_envelope(peer, decode_envelope_signed(message), topic)
+            self._on_envelope(peer, decode_envelope_signed(message), topic, resent=True)
 
     def _on_repair_request(self, peer: str, after: int) -> None:
         """Re-send ``peer`` this device's kept messages after ``after`` (the engine does)."""
@@ -322,7 +322,16 @@ class Inbox(Mailbox):
         elif state == "online" and device in self._ready:
             self._offline.add(device)  # it was in this job and has left it (done or stopped)
 
-    def _on_envelope(self, topic_device: str | None, decoded: DecodedEnvelope, topic: str) -> None:
+    def _on_envelope(
+        self, topic_device: str | None, decoded: DecodedEnvelope, topic: str, resent: bool = False
+    ) -> None:
+        """Check, count and apply (or hold) one reassembled envelope.
+
+        ``resent``: it came on this device's inbox topic, re-sent on request. A re-send of
+        a sequence already applied is a duplicate (the request and the late first copy
+        crossed), not a replay: the inbox topic names its sender, and the copy is dropped
+        either way.
+        """
         env = decoded.envelope
         if env.fleet != self.fleet or env.job != self.job_id:
             self.stats.foreign += 1
@@ -347,10 +356,13 @@ class Inbox(Mailbox):
             self.stats.stale += 1  # too old to use (a replayed one would be refused alike)
             log.info("dropped %s's round %d: too old for a first message", env.sender, env.round)
             return
+        seen = self._applied[env.sender]
+        if resent and env.sequence in seen:
+            self.stats.duplicates += 1
+            return
         if self.verifier is not None and not self._window.accept(env.sender, env.sequence):
             self._refuse(Verdict.REPLAYED, env, topic)
             return
-        seen = self._applied[env.sender]
         if env.sequence in seen:
             self.stats.duplicates += 1
             return

@@ -175,6 +175,22 @@ def test_replay_is_refused_counted_and_leaves_the_model_unchanged(
         np.testing.assert_array_equal(value, after_first[name])
 
 
+def test_an_honest_re_send_of_an_applied_message_is_a_duplicate_not_a_replay(
+    receiver: GossipEngine,
+) -> None:
+    # dev-a asked for a message that was late, not lost: the first copy and the re-send
+    # (on dev-a's inbox topic from dev-b) both arrive.
+    message = encode_envelope(envelope(sequence=1), sign=Signer(KEY_B))
+    deliver(receiver, message)
+    for chunk in split_message(message, new_message_id(), 512):
+        receiver._handle(inbox_topic(FLEET, "dev-a", "dev-b"), chunk)
+
+    assert receiver.stats.applied == 1 and receiver.stats.duplicates == 1
+    assert receiver.stats.replayed == 0
+    deliver(receiver, message)  # the same copy again on the delta topic: a replay
+    assert receiver.stats.replayed == 1
+
+
 def test_first_message_from_a_round_long_gone_is_dropped_as_stale(receiver: GossipEngine) -> None:
     # A replay of a captured old message, or a new neighbour's catch-up round: neither
     # can be used (nor told apart), and a live catch-up is not an attack.
