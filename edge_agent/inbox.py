@@ -286,7 +286,7 @@ class Inbox(Mailbox):
             return
         message = self._reassembler.feed(payload, peer or "", topic)
         if message is not None:
-            self._on_envelope(peer, decode_envelope_signed(message), topic, resent=True)
+            self._on_envelope(peer, decode_envelope_signed(message), topic)
 
     def _on_repair_request(self, peer: str, after: int) -> None:
         """Re-send ``peer`` this device's kept messages after ``after`` (the engine does)."""
@@ -322,16 +322,7 @@ class Inbox(Mailbox):
         elif state == "online" and device in self._ready:
             self._offline.add(device)  # it was in this job and has left it (done or stopped)
 
-    def _on_envelope(
-        self, topic_device: str | None, decoded: DecodedEnvelope, topic: str, resent: bool = False
-    ) -> None:
-        """Check, count and apply (or hold) one reassembled envelope.
-
-        ``resent``: it came on this device's inbox topic, re-sent on request. A re-send of
-        a sequence already applied is a duplicate (the request and the late first copy
-        crossed), not a replay: the inbox topic names its sender, and the copy is dropped
-        either way.
-        """
+    def _on_envelope(self, topic_device: str | None, decoded: DecodedEnvelope, topic: str) -> None:
         env = decoded.envelope
         if env.fleet != self.fleet or env.job != self.job_id:
             self.stats.foreign += 1
@@ -339,7 +330,7 @@ class Inbox(Mailbox):
         self.ledger.counts.delivered += 1
         verdict = None if self.verifier is None else self.verifier.verify(decoded)
         if verdict is not None:
-            self._refuse(verdict, env, topic)
+            self._refusals(self.stats, verdict, env.sender, env.round, topic)
             return
         if env.sender != topic_device or env.sender not in self._applied:
             self.ledger.counts.rejected_other += 1
@@ -357,11 +348,9 @@ class Inbox(Mailbox):
             log.info("dropped %s's round %d: too old for a first message", env.sender, env.round)
             return
         seen = self._applied[env.sender]
-        if resent and env.sequence in seen:
-            self.stats.duplicates += 1
-            return
-        if self.verifier is not None and not self._window.accept(env.sender, env.sequence):
-            self._refuse(Verdict.REPLAYED, env, topic)
+        resent = env.sequence in seen and not topic.endswith("/delta")  # a repair crossed it
+        if self.verifier and not (resent or self._window.accept(env.sender, env.sequence)):
+            self._refusals(self.stats, Verdict.REPLAYED, env.sender, env.round, topic)
             return
         if env.sequence in seen:
             self.stats.duplicates += 1
@@ -401,9 +390,6 @@ class Inbox(Mailbox):
         return not self._window.knows(env.sender) and (
             env.round + self.staleness + FIRST_CONTACT_ROUNDS < self._round
         )
-
-    def _refuse(self, verdict: Verdict, env: Envelope, topic: str) -> None:
-        self._refusals(self.stats, verdict, env.sender, env.round, topic)
 
     def _apply(self, env: Envelope) -> None:
         sender = env.sender
