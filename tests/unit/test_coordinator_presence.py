@@ -20,7 +20,7 @@ from coordinator.presence import (
     online_status,
 )
 from meshfl.app.cli import servers
-from meshfl.errors import TransportError
+from meshfl.errors import ConfigError, TransportError
 from meshfl.wire import status_filter, status_topic
 from meshfl.wire.status import MAX_STATUS_BYTES
 
@@ -317,3 +317,9 @@ def test_a_broker_down_at_start_warns_that_push_and_presence_are_off(
     assert line.startswith("warning: no control-topic push and no Last-Will presence (")
     assert "online follows heartbeats only" in line
     assert line.endswith("Start the broker first, or restart the coordinator once it runs")
+
+
+def test_a_broker_url_that_does_not_parse_is_an_error_not_a_warning() -> None:
+    # A typo is not a broker that is down: the coordinator must not serve without push.
+    with pytest.raises(ConfigError, match=r"bad broker URL 'mqtt://\[x'; use mqtt://HOST:PORT"):
+        servers._control_transport("mqtt://[x", "lab")

@@ -276,14 +276,14 @@ def _control_transport(
         return None
     import secrets
 
+    from edge_agent.transport.address import parse_broker_address
     from meshfl.errors import MeshflError
 
+    tls = parse_broker_address(broker_url).tls  # ConfigError: a URL that does not parse
     username, password = login if login is not None else (None, None)
     try:
-        from edge_agent.transport.address import parse_broker_address
         from edge_agent.transport.mqtt import MqttTransport
 
-        tls = parse_broker_address(broker_url).tls
         transport = MqttTransport(
             broker_url,
             connect_timeout_s=5.0,
