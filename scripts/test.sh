@@ -43,10 +43,13 @@ if [ "$#" -gt 0 ]; then
   pytest -q -p no:cacheprovider "$@"
 else
   # Unit and contract tests are CPU-bound and independent: both cores. The integration
-  # and end-to-end tests start brokers and fleets of processes with round deadlines:
-  # one at a time.
+  # and end-to-end tests start brokers and fleets of processes on free ports, each in its
+  # own tmp_path (PostgreSQL ones in a scratch schema); a third of their time is waiting
+  # (deadlines, keepalives, restarts), so two at a time take 6 instead of 11 minutes. A
+  # module's tests stay on one worker (--dist loadscope): its module fixtures run once.
   pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not fuzz" tests/unit tests/contract
-  pytest -q -p no:cacheprovider --durations=25 -m "not fuzz" tests/integration tests/e2e
+  pytest -q -p no:cacheprovider -n 2 --dist loadscope --durations=25 -m "not fuzz" \
+    tests/integration tests/e2e
   # The OpenAPI fuzzing is CPU-bound generation, one test per operation: both cores.
   pytest -q -p no:cacheprovider -n 2 -m fuzz tests/contract
 fi
