@@ -29,7 +29,9 @@ class AgentConfig:
     and PUTs the profile again. The enrolment profile carries the battery figures; the
     link figures need the broker and are measured at each job's start. ``slowdown``
     (≥ 1, default 1: none) makes the job's trainer play a device that many times slower
-    (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks).
+    (:class:`edge_agent.trainer.Trainer`'s ``slowdown``; for tests and benchmarks);
+    ``step_time_s`` (≥ 0 s, default 0: the real one) makes each training step last at
+    least that long (the trainer's ``step_time_s``: an emulated device, W6).
     ``broker_ca`` is the PEM file of the CA of an ``mqtts://`` broker's certificate; None
     uses the one given at enrolment (saved as ``<out>/<name>.broker-ca.pem``), else the
     system's CA store. ``keepalive_s`` is the MQTT keepalive (seconds, default 30): the
@@ -60,6 +62,7 @@ class AgentConfig:
     threads: int = 1
     profile_refresh_s: float = 300.0
     slowdown: float = 1.0
+    step_time_s: float = 0.0
     broker_ca: Path | None = None
     keepalive_s: int = 30
     offline_grace_s: float = 1.0

@@ -254,7 +254,8 @@ def _report_profile(
     spec: ModelSpec = {"name": "mlp", "input_dim": int(x.shape[1]),
                        "num_classes": int(y.max()) + 1, "hidden": [64]}  # fmt: skip
     trainer = Trainer(spec, seed=0, learning_rate=0.1, batch_size=32, local_epochs=1,
-                      threads=config.threads, slowdown=config.slowdown)  # fmt: skip
+                      threads=config.threads, slowdown=config.slowdown,
+                      step_time_s=config.step_time_s)  # fmt: skip
     profile = capability_profile(trainer, x, y)
     link = measure_link(transport, fleet, device_id).profile_fields()
     link["measured_at"] = time.time()

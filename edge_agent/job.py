@@ -142,6 +142,7 @@ class JobRunner:
             local_epochs=spec["local_epochs"],
             threads=self.config.threads,
             slowdown=self.config.slowdown,
+            step_time_s=self.config.step_time_s,
             momentum=spec.get("local_momentum", 0.0),
             dp_sgd=self.privacy.dp_sgd,  # record-level DP: (σ, C) of DP-SGD, else None
         )

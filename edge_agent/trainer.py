@@ -62,6 +62,14 @@ def accelerator_name() -> str | None:
     return None
 
 
+def _check_step_time(step_time_s: float) -> float:
+    """Return ``step_time_s`` as a float; ConfigError unless it is a finite number ≥ 0."""
+    ok = not isinstance(step_time_s, bool) and isinstance(step_time_s, (int, float))
+    if not (ok and math.isfinite(step_time_s) and step_time_s >= 0):
+        raise ConfigError(f"step time must be a finite number >= 0 s (got {step_time_s!r})")
+    return float(step_time_s)
+
+
 def _check_slowdown(slowdown: float) -> float:
     """Return ``slowdown`` as a float; ConfigError unless it is a finite number ≥ 1."""
     ok = not isinstance(slowdown, bool) and isinstance(slowdown, (int, float))
@@ -106,8 +114,14 @@ class Trainer:
         own (e.g. ``seed + index``) for independent minibatch orders.
     slowdown : float, default 1.0
         Play a device this many times slower (≥ 1): after each optimizer step that took
-        t seconds (forward, backward, update), sleep (slowdown − 1)·t seconds. It applies
-        to :meth:`train` and :meth:`measure_throughput` alike. For tests and benchmarks.
+        t seconds (forward, backward, update), sleep until it took
+        ``slowdown · max(t, step_time_s)``. It applies to :meth:`train` and
+        :meth:`measure_throughput` alike. For tests and benchmarks.
+    step_time_s : float, default 0.0
+        Emulated step time of the device, seconds (≥ 0; WORKLOADS.md's W6: 0.05): every
+        optimizer step takes at least this long (times ``slowdown``), the trainer
+        sleeping the difference, so that a machine hosting many agents does not decide
+        how fast each one is. 0: the real step time.
     momentum : float, default 0.0
         Local heavy-ball momentum β in [0, 1) (Polyak 1964), ``torch.optim.SGD``'s
         (dampening 0, not Nesterov): ``v ← β v + g``, ``x ← x − η v``, with ``v ← g`` at
@@ -125,7 +139,8 @@ class Trainer:
     Raises
     ------
     ConfigError
-        A non-positive hyper-parameter, a slowdown below 1 or not finite, a momentum
+        A non-positive hyper-parameter, a slowdown below 1 or not finite, a negative or
+        non-finite step time, a momentum
         outside [0, 1), a bad model spec, σ or C not > 0, or DP-SGD on a model with
         BatchNorm.
 
@@ -142,11 +157,13 @@ class Trainer:
         threads: int = 1,
         data_seed: int | None = None,
         slowdown: float = 1.0,
+        step_time_s: float = 0.0,
         momentum: float = 0.0,
         dp_sgd: tuple[float, float] | None = None,
         dp_seed: int | None = None,
     ) -> None:
         self.slowdown = _check_slowdown(slowdown)
+        self.step_time_s = _check_step_time(step_time_s)
         self.momentum = check_momentum(momentum)
         _positive("learning rate", learning_rate, integer=False)
         _positive("batch size", batch_size, integer=True)
@@ -297,8 +314,10 @@ class Trainer:
                 for p in self._model.parameters():
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-self.learning_rate)
-        if self.slowdown > 1:
-            time.sleep((self.slowdown - 1) * (time.perf_counter() - start))
+        took = time.perf_counter() - start
+        emulated = self.slowdown * max(took, self.step_time_s)
+        if emulated > took:
+            time.sleep(emulated - took)
         return value
 
     def _epoch(

@@ -87,6 +87,7 @@ def test_blocks_are_contiguous_and_balanced() -> None:
         ({"secure": True}, "--secure"),
         ({"brokers": 2}, "--brokers"),
         ({"chaos": "drop=0.1"}, "--chaos"),
+        ({"step_time_s": 0.05}, "--step-time"),
     ],
 )
 def test_options_that_need_a_process_per_agent_are_refused(

@@ -73,6 +73,8 @@ def test_device_option_parsers_refuse_in_one_line(parse: Any, text: str, fragmen
         ({"slow": (("device-8", 2.0),)}, "--slow: device-8 is not in this fleet"),
         ({"slow": (("1", 2.0), ("device-1", 3.0))}, "named twice"),
         ({"slow": (("1", 0.5),)}, "factor must be a finite number >= 1"),
+        ({"step_time_s": -0.05}, "--step-time -0.05: use a number of seconds >= 0"),
+        ({"step_time_s": float("nan")}, "--step-time nan"),
         ({"links": (("2", "1mbit:fast"),)}, "bad link"),
         ({"join_at": (0,)}, "--join-at 0: use a round in 1..9"),
         ({"join_at": (10,)}, "--join-at 10"),

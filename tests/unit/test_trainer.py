@@ -152,6 +152,20 @@ def test_slowdown_sleeps_in_proportion_to_each_measured_step(digits, monkeypatch
     assert clock.sleeps == [3.0] * 4
 
 
+def test_an_emulated_step_time_is_a_floor_scaled_by_the_slowdown(digits, monkeypatch):
+    clock = _FakeClock()  # every step "takes" 1 s of real time
+    monkeypatch.setattr("edge_agent.trainer.time", clock)
+    x, y = digits.x_train[:100], digits.y_train[:100]
+
+    _trainer(step_time_s=2.5).train(x, y)  # a device whose steps take 2.5 s
+    _trainer(step_time_s=2.5, slowdown=4.0).train(x, y)  # 4x slower: 10 s a step
+    _trainer(step_time_s=0.5).train(x, y)  # the real step is slower already: no sleep
+
+    assert clock.sleeps == [1.5] * 4 + [9.0] * 4
+    with pytest.raises(ConfigError, match="step time must be a finite number >= 0 s"):
+        _trainer(step_time_s=-0.1)
+
+
 def test_slowdown_does_not_change_the_arithmetic(digits):
     x, y = digits.x_train[:64], digits.y_train[:64]
     plain, slowed = _trainer(), _trainer(slowdown=1.5)

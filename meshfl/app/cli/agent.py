@@ -52,6 +52,14 @@ def run(
             help="Train FACTOR times slower (sleep after each step); for tests and benchmarks.",
         ),
     ] = 1.0,
+    step_time: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="Emulate a device whose training steps take at least SECONDS each (times"
+            " --slowdown; sleep the difference); for tests and benchmarks.",
+        ),
+    ] = 0.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -84,6 +92,8 @@ def run(
 
     if not (math.isfinite(slowdown) and slowdown >= 1):  # before enrolling, not at the job
         raise ConfigError(f"--slowdown must be a finite number >= 1 (got {slowdown})")
+    if not (math.isfinite(step_time) and step_time >= 0):
+        raise ConfigError(f"--step-time must be a finite number >= 0 seconds (got {step_time})")
     device_name = name or socket.gethostname().split(".")[0]
     configure_logging(verbose, prefix=device_name, log_format=log_format.value)
     telemetry = None
@@ -106,6 +116,7 @@ def run(
             once=once,
             threads=threads,
             slowdown=slowdown,
+            step_time_s=step_time,
             broker_ca=broker_ca,
         ),
         observer=telemetry,

@@ -78,6 +78,14 @@ def local(
             help="That agent trains FACTOR times slower (repeatable; e.g. 3:4).",
         ),
     ] = None,
+    step_time: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="Emulate edge devices: every training step takes at least SECONDS (times"
+            " its --slow factor), the agent sleeping the difference (W6: 0.05).",
+        ),
+    ] = 0.0,
     link: Annotated[
         list[str] | None,
         typer.Option(
@@ -165,6 +173,7 @@ def local(
         out=out,
         label_column=label_column,
         slow=tuple(parse_slow(s) for s in slow or ()),
+        step_time_s=step_time,
         links=tuple(parse_link_option(s) for s in link or ()),
         join_at=tuple(join_at or ()),
         kill=tuple(parse_kill(s) for s in kill or ()),

@@ -34,7 +34,9 @@ class LocalConfig:
     list, sent as ``custom_graph``; ``topology_seed`` None means ``seed``;
     ``min_battery_percent`` 0 turns the battery rule off; ``elastic`` is implied by
     ``join_at``). The per-device fields (:mod:`meshfl.app.local.fleet`) name devices
-    ``"device-3"`` (or ``"3"``): ``slow`` ``(device, factor ≥ 1)`` pairs, ``links``
+    ``"device-3"`` (or ``"3"``): ``slow`` ``(device, factor ≥ 1)`` pairs (with
+    ``step_time_s`` > 0, every agent's emulated step time in seconds, a slow device's
+    steps take factor × that: WORKLOADS.md's W6), ``links``
     ``(device, "RATE[:LATENCY]")`` pairs, ``join_at`` the rounds after which one more
     agent starts, ``kill`` ``(device, round)`` pairs; ``chaos`` a fault-injection SPEC
     for every agent's link (:mod:`meshfl.app.local.lab.chaos`; empty: none). The model
@@ -65,6 +67,7 @@ class LocalConfig:
     out: Path = Path("meshfl-run")
     label_column: str = "label"
     slow: tuple[tuple[str, float], ...] = ()
+    step_time_s: float = 0.0
     links: tuple[tuple[str, str], ...] = ()
     join_at: tuple[int, ...] = ()
     kill: tuple[tuple[str, int], ...] = ()

@@ -101,8 +101,9 @@ def validate_fleet(config: LocalConfig) -> None:
     ------
     meshfl.errors.ConfigError
         A device outside the fleet (initial agents and joiners), a device named twice in
-        one option, a factor below 1, a bad link spec, a join or kill round outside
-        ``1 .. rounds − 1``, a joiner killed before it joins, or every agent killed.
+        one option, a factor below 1, a negative step time, a bad link spec, a join or
+        kill round outside ``1 .. rounds − 1``, a joiner killed before it joins, or every
+        agent killed.
 
     """
     joins = _join_rounds(config)
@@ -121,6 +122,8 @@ def validate_fleet(config: LocalConfig) -> None:
     for name, factor in config.slow:
         if not (math.isfinite(factor) and factor >= 1):
             raise ConfigError(f"--slow {name}:{factor}: the factor must be a finite number >= 1")
+    if not (math.isfinite(config.step_time_s) and config.step_time_s >= 0):
+        raise ConfigError(f"--step-time {config.step_time_s}: use a number of seconds >= 0")
     for _, spec in config.links:
         parse_link(spec)
     for round_ in config.join_at:

@@ -50,6 +50,7 @@ def check_in_process_options(config: LocalConfig) -> None:
     ------
     meshfl.errors.ConfigError
         ``in_process`` negative or above ``agents``, or combined with ``--slow``,
+        ``--step-time``,
         ``--link``, ``--join-at``, ``--kill``, ``--chaos``, ``--secure`` or ``--brokers``.
 
     """
@@ -60,6 +61,7 @@ def check_in_process_options(config: LocalConfig) -> None:
         raise ConfigError(f"--in-process must be between 1 and --agents (got {k})")
     conflicts = {
         "--slow": bool(config.slow),
+        "--step-time": config.step_time_s > 0,
         "--link": bool(config.links),
         "--join-at": bool(config.join_at),
         "--kill": bool(config.kill),

@@ -174,6 +174,8 @@ def run_local(
             if bridged is not None:  # no proxies then: device-i on broker i mod N
                 broker = ["--broker", bridged.url_for(int(name.split("-")[1]))]
             slowdown = [] if name not in slow else ["--slowdown", repr(slow[name])]
+            if config.step_time_s > 0:
+                slowdown += ["--step-time", repr(config.step_time_s)]
             return supervisor.start(
                 name,
                 [
