@@ -77,8 +77,7 @@ def ensure_venv(venv: Path, simulation: bool) -> Path:
         start = time.monotonic()
         print(f"creating {venv} (flwr, torch; about a minute, ~1.4 GB)", flush=True)
         subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q", "--no-compile"]  # compile on import
-        subprocess.run([*pip, *PINS], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PINS], check=True)
         print(f"created {venv} in {time.monotonic() - start:.0f} s", flush=True)
     if simulation and ray_available(python) is not None:
         start = time.monotonic()

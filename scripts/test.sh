@@ -34,9 +34,9 @@ bash scripts/postgres.sh
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
-# --no-compile: Python writes each module's bytecode when it is first imported; compiling
-# every installed file (torch's thousands) up front took half of this step's minute.
-pip install -q --no-compile "torch==2.13.0" -e ".[all,dev]"
+# Compiled at install: where PYTHONDONTWRITEBYTECODE is set (as on CI machines) nothing
+# compiles later, and every process would compile torch's modules again at each import.
+pip install -q "torch==2.13.0" -e ".[all,dev]"
 ruff check .
 ruff format --check .
 mypy
@@ -49,9 +49,10 @@ else
   # own tmp_path (PostgreSQL ones in a scratch schema); a third of their time is waiting
   # (deadlines, keepalives, restarts), so two at a time take 6 instead of 11 minutes. A
   # module's tests stay on one worker (--dist loadscope): its module fixtures run once.
+  # The end-to-end modules, the longest, go first; the short MQTT ones fill the end.
   pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not fuzz" tests/unit tests/contract
   pytest -q -p no:cacheprovider -n 2 --dist loadscope --durations=25 -m "not fuzz" \
-    tests/integration tests/e2e
+    tests/e2e tests/integration
   # The OpenAPI fuzzing is CPU-bound generation, one test per operation: both cores.
   pytest -q -p no:cacheprovider -n 2 -m fuzz tests/contract
 fi
