@@ -140,9 +140,13 @@ def test_a_device_partitioned_past_its_keepalive_and_its_broker_queue_recovers_a
     assert totals["applied_twice"] == 0 and totals["corrupted_applied"] == 0
     # The broker dropped messages queued for device-1, and said so only in its log ...
     assert "Outgoing messages are being dropped for client" in broker_log
-    # ... device-1 saw the gaps in its neighbours' sequence numbers and had each one
-    # repaired (re-sent from the outbox, or covered by a keyframe): nothing is lost.
-    assert totals["missing"] > 0, totals
+    # ... and every message is accounted for, none lost: device-1 had the dropped ones
+    # again, re-sent on its repair requests (it asks for whatever follows the last one it
+    # applied) or, where it saw a gap first, covered by a keyframe. Which of the two
+    # depends on what arrives first after the reconnect; that one of them ran does not.
+    derived = {k: v for k, v in ledger["derived"].items() if k != "pairs"}
+    assert derived["lost"] == derived["unaccounted"] == derived["unrepaired"] == 0, derived
+    assert totals["retransmitted"] + totals["recovered_by_keyframe"] > 0, totals
     assert totals["delivered_late"] + totals["recovered_by_keyframe"] >= totals["missing"]
     assert totals["unrecovered_losses"] == 0, totals
     calm = run_lockstep(replace(config, chaos="", slow=())).mean_accuracy[-1]
