@@ -304,9 +304,10 @@ class _Evidence:
         self.graph = graph_of(topo)
         self.one_peer = topo["kind"] == "one-peer-exponential"
         self.since = int(topo.get("from_round", 1))
-        self.silent_since = {
+        self.heard_at = {
             r.device_id: r.last_activity for r in rows if not r.done and r.left_round is None
         }  # a participant done or left is absent: it bears no witness
+        self._reports: dict[int, list[Any]] = {}  # device position → its latest reports
 
     def missed_by_all(self, row: JobDevice) -> bool:
         """Each witness among ``row``'s neighbours (at least one) missed it twice.
@@ -326,7 +327,7 @@ class _Evidence:
         return bool(witnesses) and all(self._missed_twice(position, by=j) for j in witnesses)
 
     def _witness(self, j: int, of: int) -> bool:
-        last = self.silent_since.get(self.devices[j])
+        last = self.heard_at.get(self.devices[j])
         if last is None:
             return False
         if self.now - last <= self.wait_s:
@@ -335,10 +336,12 @@ class _Evidence:
 
     def _missed_twice(self, target: int, *, by: int) -> bool:
         """Device ``by`` listed device ``target`` as missing in its latest 2 rounds with it."""
-        limit = 2 * max(1, (self.n - 1).bit_length()) + 2 if self.one_peer else 2
-        reports = store.latest_reports(
-            self.session, self.job, self.devices[by], since_round=self.since, limit=limit
-        )
+        if by not in self._reports:  # one query per device and departure check
+            limit = 2 * max(1, (self.n - 1).bit_length()) + 2 if self.one_peer else 2
+            self._reports[by] = store.latest_reports(
+                self.session, self.job, self.devices[by], since_round=self.since, limit=limit
+            )
+        reports = self._reports[by]
         if self.one_peer:  # only the rounds in which ``by`` was paired with ``target``
             reports = [
                 m for m in reports if target in one_peer_exponential(self.n, m.round).neighbours(by)
