@@ -46,7 +46,8 @@ from machine import describe
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 PARTITION = BENCH / "data" / "w1_partition.json"
-PINS = ["torch==2.13.0", "flwr==1.42.0", "scikit-learn==1.9.1", "numpy==2.4.6", "psutil"]
+TORCH_PIN = "2.13.0"
+PINS = [f"torch=={TORCH_PIN}", "flwr==1.42.0", "scikit-learn==1.9.1", "numpy==2.4.6", "psutil"]
 SIMULATION_PIN = "flwr[simulation]==1.42.0"
 """Ray, for the simulation engine only: added to the venv when ``sim`` runs (~1.5 min)."""
 TARGETS = (0.80, 0.85, 0.90)
@@ -68,6 +69,9 @@ def ensure_venv(venv: Path, simulation: bool) -> Path:
 
     ``simulation``: also Flower's simulation extra (Ray), installed into an existing
     venv that lacks it. Without it: flwr, torch (CPU), scikit-learn (~45 s, ~1.4 GB).
+    Where this interpreter already has the pinned torch (meshfl's venv), Flower's venv
+    sees this interpreter's packages after its own (a ``.pth`` line), so pip installs
+    flwr and whatever of its requirements is missing there, not torch again (~10 s).
     """
     python = venv / "bin" / "python"
     ok = python.exists() and subprocess.run(
@@ -75,9 +79,23 @@ def ensure_venv(venv: Path, simulation: bool) -> Path:
     ).returncode == 0  # fmt: skip
     if not ok:
         start = time.monotonic()
-        print(f"creating {venv} (flwr, torch; about a minute, ~1.4 GB)", flush=True)
-        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PINS], check=True)
+        shared = pinned_torch_site()
+        what = "flwr; torch shared, ~10 s" if shared else "flwr, torch; about a minute, ~1.4 GB"
+        print(f"creating {venv} ({what})", flush=True)
+        subprocess.run(["python3", "-m", "venv", "--clear", str(venv)], check=True)
+        if shared:
+            purelib = subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            (Path(purelib) / "meshfl-shared-torch.pth").write_text(f"{shared}\n")
+            print(f"torch {TORCH_PIN}: {shared}", flush=True)
+        pip = [str(python), "-m", "pip", "install", "-q", *PINS]
+        # pip's resolver also lists conflicts among the shared packages (meshfl's own
+        # requirements), which Flower never imports: its output is shown on failure only.
+        proc = subprocess.run(pip, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(pip)} failed:\n{proc.stdout}{proc.stderr}")
         print(f"created {venv} in {time.monotonic() - start:.0f} s", flush=True)
     if simulation and ray_available(python) is not None:
         start = time.monotonic()
@@ -85,6 +103,21 @@ def ensure_venv(venv: Path, simulation: bool) -> Path:
         subprocess.run([str(python), "-m", "pip", "install", "-q", SIMULATION_PIN], check=True)
         print(f"added in {time.monotonic() - start:.0f} s", flush=True)
     return python
+
+
+def pinned_torch_site() -> str | None:
+    """The folder holding this interpreter's torch if it is the pinned version, else None.
+
+    pip never changes what a ``.pth`` line adds: it installs into Flower's venv only.
+    """
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("torch")
+    except metadata.PackageNotFoundError:
+        return None
+    local = dist.version.split("+")[0]  # the CPU wheel is 2.13.0+cpu
+    return str(dist.locate_file("")) if local == TORCH_PIN else None
 
 
 def ray_available(python: Path) -> str | None:

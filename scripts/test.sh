@@ -33,26 +33,34 @@ fi
 bash scripts/postgres.sh
 python3 -m venv .venv
 . .venv/bin/activate
+# Bytecode is written and reused even where PYTHONDONTWRITEBYTECODE is set (as on CI
+# machines): otherwise every process of the suite compiles meshfl's modules again and
+# every pytest worker rewrites every test module again.
+unset PYTHONDONTWRITEBYTECODE
 pip install -q --upgrade pip
-# Compiled at install: where PYTHONDONTWRITEBYTECODE is set (as on CI machines) nothing
-# compiles later, and every process would compile torch's modules again at each import.
 pip install -q "torch==2.13.0" -e ".[all,dev]"
 ruff check .
 ruff format --check .
-mypy
 lint-imports
 if [ "$#" -gt 0 ]; then
+  mypy
   pytest -q -p no:cacheprovider "$@"
 else
-  # Unit and contract tests are CPU-bound and independent: both cores. The integration
-  # and end-to-end tests start brokers and fleets of processes on free ports, each in its
-  # own tmp_path (PostgreSQL ones in a scratch schema); a third of their time is waiting
-  # (deadlines, keepalives, restarts), so two at a time take 6 instead of 11 minutes. A
-  # module's tests stay on one worker (--dist loadscope): its module fixtures run once.
-  # The end-to-end modules, the longest, go first; the short MQTT ones fill the end.
-  pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not fuzz" tests/unit tests/contract
+  # mypy takes one core for ~25 s: it runs beside the unit tier, which waits for it.
+  mypy_log=$(mktemp)
+  mypy >"$mypy_log" 2>&1 &
+  mypy_pid=$!
+  # Unit, contract and fuzz tests are CPU-bound and independent: both cores. The OpenAPI
+  # fuzzing (-m fuzz) is one test per operation.
+  pytest -q -p no:cacheprovider -n 2 --durations=10 tests/unit tests/contract
+  if ! wait "$mypy_pid"; then cat "$mypy_log"; exit 1; fi
+  cat "$mypy_log"
+  # The integration and end-to-end tests start brokers and fleets of processes on free
+  # ports, each in its own tmp_path (PostgreSQL ones in a scratch schema); a third of their
+  # time is waiting (deadlines, keepalives, restarts), so two at a time take 6 instead of
+  # 11 minutes. A module's tests stay on one worker (--dist loadscope): its module
+  # fixtures run once. The end-to-end modules, the longest, go first; the short MQTT ones
+  # fill the end.
   pytest -q -p no:cacheprovider -n 2 --dist loadscope --durations=25 -m "not fuzz" \
     tests/e2e tests/integration
-  # The OpenAPI fuzzing is CPU-bound generation, one test per operation: both cores.
-  pytest -q -p no:cacheprovider -n 2 -m fuzz tests/contract
 fi

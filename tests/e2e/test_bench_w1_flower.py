@@ -1,9 +1,10 @@
 """The W1-vs-Flower benchmark in smoke mode: Flower's gRPC engine and meshfl, 2 × 2 rounds,
 from the repository alone (W1's partition is benchmarks/data/).
 
-The script creates Flower's own venv (``.venv-flower``: flwr and torch; Ray only when the
-simulation engine is asked for, which this smoke run does not) if it is missing — about
-45 s the first time; the run itself about 50 s.
+The script creates Flower's own venv (``.venv-flower``: flwr, with this venv's torch
+seen after its own packages; Ray only when the simulation engine is asked for, which this
+smoke run does not) if it is missing: about 40 s the first time on a loaded 2-core
+machine (about a minute more with its own copy of torch); the run itself about 50 s.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def test_smoke_runs_flower_grpc_and_meshfl_to_the_end(tmp_path: Path) -> None:
         [sys.executable, str(BENCH), "--smoke", "--json", str(out), "--out", str(plot)],
         capture_output=True,
         text=True,
-        timeout=900,  # the first run installs flwr and torch into .venv-flower
+        timeout=900,  # the first run installs flwr into .venv-flower
     )
 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -2,7 +2,8 @@
 
 Both scenarios run 4 agents on digits. The fault scenario runs the same job twice on the
 embedded broker, without and with faults, and compares them; the partition scenario
-cuts one device off Mosquitto for longer than 1.5x the MQTT keepalive (5 s here).
+cuts one device off Mosquitto for longer than 1.5x the MQTT keepalive (5 s here), with a
+broker queue too short for what the device misses meanwhile.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.mosquitto import MosquittoProcess
+from broker.tuning import MosquittoTuning
 from meshfl.app.local.lab.lockstep import run_lockstep
 from meshfl.app.local.run import LocalConfig, LocalRun, run_local
 
@@ -90,27 +93,33 @@ def test_the_final_accuracy_is_within_one_point_of_the_run_without_faults(runs: 
     assert abs(stormy - calm) <= 0.01
 
 
-def test_a_device_partitioned_past_its_keepalive_reconnects_and_the_job_finishes(
-    tmp_path: Path, mosquitto_url: str, monkeypatch: pytest.MonkeyPatch
+def test_a_device_partitioned_past_its_keepalive_and_its_broker_queue_recovers_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Mosquitto drops a client silent for 1.5x its keepalive (7.5 s with the agents'
     # --keepalive 5) and publishes its Last Will; the embedded amqtt never drops one.
+    # Its persistent session then queues what device-1 misses, up to 3 messages: the
+    # rest Mosquitto drops, silently to every client (issue 25, item 3).
     monkeypatch.setenv("MESHFL_KEEPALIVE", "5")
-    config = LocalConfig(
-        agents=4,
-        rounds=20,
-        dataset="digits",
-        round_deadline_s=10.0,
-        broker=mosquitto_url,
-        # Rounds of ~1 s (training takes 100x longer, sleeping; W1 rounds are ~0.1 s):
-        # the partition (after round 1, 12 s) heals several rounds before the job ends.
-        slow=tuple((f"device-{i}", 100.0) for i in range(4)),
-        chaos="partition=device-1@1:12",
-        out=tmp_path / "run",
-    )
-    notes: list[str] = []
+    (tmp_path / "mosquitto").mkdir()
+    tuning = MosquittoTuning(max_queued_messages=3)
+    with MosquittoProcess(workdir=tmp_path / "mosquitto", tuning=tuning) as broker:
+        config = LocalConfig(
+            agents=4,
+            rounds=20,
+            dataset="digits",
+            round_deadline_s=10.0,
+            broker=broker.url,
+            # Rounds of ~1 s (training takes 100x longer, sleeping; W1 rounds are ~0.1 s):
+            # the partition (after round 1, 12 s) heals several rounds before the job ends.
+            slow=tuple((f"device-{i}", 100.0) for i in range(4)),
+            chaos="partition=device-1@1:12",
+            out=tmp_path / "run",
+        )
+        notes: list[str] = []
 
-    result = run_local(config, notify=notes.append)
+        result = run_local(config, notify=notes.append)
+        broker_log = broker.log_path.read_text(errors="replace")
 
     report = result.report
     assert report["status"] == "completed"
@@ -126,9 +135,25 @@ def test_a_device_partitioned_past_its_keepalive_reconnects_and_the_job_finishes
     assert all(d["partitions"] == 0 and d["reconnects"] == 0 for d in others)
     devices = {d["name"]: d for d in report["devices"]}
     assert devices["device-1"]["final_accuracy"] is not None
-    ledger = report["ledger"]["totals"]  # the persistent session kept what it missed
-    assert ledger["applied_twice"] == 0 and ledger["corrupted_applied"] == 0
-    # Within 1 point of the same job without faults (the lockstep reference: what a
-    # fault-free fleet computes, tests/e2e/test_local.py).
+    ledger = report["ledger"]
+    totals = ledger["totals"]
+    assert totals["applied_twice"] == 0 and totals["corrupted_applied"] == 0
+    # The broker dropped messages queued for device-1, and said so only in its log ...
+    assert "Outgoing messages are being dropped for client" in broker_log
+    # ... and every message is accounted for, none lost: device-1 had the dropped ones
+    # again, re-sent on its repair requests (it asks for whatever follows the last one it
+    # applied) or, where it saw a gap first, covered by a keyframe. Which of the two
+    # depends on what arrives first after the reconnect; that one of them ran does not.
+    derived = {k: v for k, v in ledger["derived"].items() if k != "pairs"}
+    assert derived["lost"] == derived["unaccounted"] == derived["unrepaired"] == 0, derived
+    assert totals["retransmitted"] + totals["recovered_by_keyframe"] > 0, totals
+    assert totals["delivered_late"] + totals["recovered_by_keyframe"] >= totals["missing"]
+    assert totals["unrecovered_losses"] == 0, totals
+    # Within 2 points of the same job without faults (the lockstep reference: what a
+    # fault-free fleet computes, tests/e2e/test_local.py). Not 1, as without the overflow:
+    # a gap holds the sender's later differences until its keyframe, and device-1 mixes
+    # a stale replica meanwhile: up to 1.18 points below in the runs of docs/reliability.md
+    # (0.9417 against 0.9535). A repair that fails costs far more (re-sends refused by a
+    # broker packet limit took a job from 0.908 to 0.696: issue 25, item 2).
     calm = run_lockstep(replace(config, chaos="", slow=())).mean_accuracy[-1]
-    assert abs(report["final"]["mean_accuracy"] - calm) <= 0.01, (report["final"], calm)
+    assert abs(report["final"]["mean_accuracy"] - calm) <= 0.02, (report["final"], calm)
