@@ -36,6 +36,7 @@ __all__ = [
     "latest_reports",
     "list_devices",
     "list_jobs",
+    "participant_ids",
     "participants",
     "participation",
     "profile_history",
@@ -240,6 +241,11 @@ def participants(session: Session, job: Job, *, fresh: bool = False) -> list[Job
     if fresh:
         query = query.execution_options(populate_existing=True)
     return list(session.scalars(query))
+
+
+def participant_ids(session: Session, job: Job) -> set[str]:
+    """The device ids of the job's participants, past ones included (a column, no rows)."""
+    return set(session.scalars(select(JobDevice.device_id).where(JobDevice.job_id == job.id)))
 
 
 def participant_states(session: Session, job: Job) -> list[tuple[bool, int | None, float]]:

@@ -41,6 +41,7 @@ __all__ = [
     "validate_done",
     "validate_labels",
     "validate_metrics",
+    "validate_missing",
     "validate_name",
     "validate_profile",
     "validate_selector",
@@ -368,8 +369,6 @@ def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
         )
     if not all(math.isfinite(v) and abs(v) < 1e30 for v in sketch):
         raise ConfigError("sketch holds non-finite or absurd values")
-    if len(metrics["missing"]) > 100_000:
-        raise ConfigError("missing lists more neighbours than any device has")
     ledger = metrics.get("ledger")
     if ledger is not None:
         for field, value in cast(Mapping[str, int], ledger).items():  # every one an int
@@ -382,6 +381,23 @@ def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
             for field, value in counts.items():  # discarded < 0 would be an agent's bug: shown
                 low = -_MAX_COUNT if field == "discarded" else 0
                 _number(f"ledger.peers.{sender[:64]}.{field}", value, low, _MAX_COUNT)
+
+
+def validate_missing(missing: list[str], device_id: str, participants: set[str]) -> None:
+    """Refuse a report's ``missing`` unless it names other participants of the job, once each.
+
+    A neighbour of any topology version is a participant (a row of ``job_devices``, kept
+    after it leaves), so an honest device's list always passes; raises ``ConfigError``
+    naming the first entry that is not one.
+    """
+    if len(set(missing)) != len(missing):
+        raise ConfigError("missing names a neighbour twice; list each one at most once")
+    for entry in missing:
+        if entry == device_id or entry not in participants:
+            raise ConfigError(
+                f"missing names {str(entry)[:80]!r}, which is not another participant of"
+                " this job; list only the neighbours whose delta did not arrive"
+            )
 
 
 def validate_done(done: DeviceDone) -> None:

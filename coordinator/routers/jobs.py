@@ -301,6 +301,10 @@ def post_metrics_batch(
                 f"round {report['round']} is out of range; job {job_id!r} has rounds 1..{rounds}",
             )
         validation.validate_metrics(report, job.spec)  # type: ignore[arg-type]
+    if any(report["missing"] for report in body):  # most reports miss nobody: no query
+        participants = store.participant_ids(session, job)
+        for report in body:
+            validation.validate_missing(report["missing"], device.id, participants)
     kept = [r for r in body if row.left_round is None or r["round"] < row.left_round]
     if kept:
         store.record_metrics(session, row, device, kept, now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -793,15 +793,47 @@ def test_rounds_a_device_spent_without_any_neighbour_are_named(
     client: TestClient, clock: FakeClock
 ) -> None:
     job_id, devices = running_job(client, clock, n=4)  # a ring: two neighbours each
-    (d0, h0) = devices[0]
+    (d0, h0), (d1, _), (d3, _) = devices[0], devices[1], devices[3]
     url = f"{API}/jobs/{job_id}/metrics"
-    client.post(url, json={**metrics(1, 0.5, []), "missing": ["a", "b"]}, headers=h0)
-    client.post(url, json={**metrics(2, 0.5, []), "missing": ["a"]}, headers=h0)
+    client.post(url, json={**metrics(1, 0.5, []), "missing": [d1, d3]}, headers=h0)
+    client.post(url, json={**metrics(2, 0.5, []), "missing": [d1]}, headers=h0)
 
     job = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()
 
     mine = next(d for d in job["devices"] if d["device_id"] == d0)
     assert mine["isolated_rounds"] == [1]
+
+
+@pytest.mark.parametrize(
+    "missing,named",
+    [
+        (lambda me, peer: ["pi-x"], lambda me, peer: "'pi-x'"),  # enrolled nowhere
+        (lambda me, peer: ["a" * 10_000], lambda me, peer: "'aaaa"),
+        (lambda me, peer: [me], lambda me, peer: me),  # itself
+        (lambda me, peer: [peer, peer], lambda me, peer: "twice"),
+    ],
+    ids=["unknown", "huge", "itself", "twice"],
+)
+def test_a_missing_list_naming_anything_but_other_participants_once_is_refused(
+    client: TestClient,
+    clock: FakeClock,
+    missing: Callable[[str, str], list[str]],
+    named: Callable[[str, str], str],
+) -> None:
+    job_id, devices = running_job(client, clock, n=4)
+    (d0, h0), (d1, _) = devices[0], devices[1]
+    url = f"{API}/jobs/{job_id}/metrics"
+
+    bad = {**metrics(1, 0.5, []), "missing": missing(d0, d1)}
+    refused = client.post(url, json=bad, headers=h0)
+    kept = client.post(url, json={**metrics(2, 0.5, []), "missing": [d1]}, headers=h0)
+
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert named(d0, d1) in detail and "\n" not in detail and len(detail) < 300
+    stored = client.get(f"{API}/jobs/{job_id}/devices/{d0}/metrics", headers=ADMIN_H).json()
+    assert kept.status_code == 204
+    assert [(m["round"], m["missing"]) for m in stored] == [(2, [d1])]
 
 
 def test_absurd_profiles_and_offsets_are_refused_not_crashed_on(
