@@ -371,3 +371,20 @@ def test_the_churn_summary_says_what_really_happened() -> None:
     assert "device-9" in lines[1] and "never admitted" in lines[1]
     assert lines[2] == "device-2 was SIGKILLed after round 8"
     assert "device-3" in lines[3] and "already reported every round" in lines[3]
+
+
+def test_topology_kinds_are_case_insensitive_like_codecs_but_files_keep_their_name(
+    tmp_path: Path,
+) -> None:
+    from meshfl.app.local.validation import canonical_topology, topology_fields
+
+    path = _graph_file(tmp_path, 4)
+    upper = tmp_path / "RING.JSON"
+    upper.write_text(path.read_text())
+
+    assert canonical_topology("Ring") == "ring"
+    assert topology_fields("One-Peer-Exponential") == {"topology": "one-peer-exponential"}
+    assert topology_fields(str(upper))["topology"] == "custom"
+    assert canonical_topology("Hypercube") == "Hypercube"  # refused later, as typed
+    with pytest.raises(ConfigError, match="--topology 'Hypercube'"):
+        topology_fields("Hypercube")

@@ -102,7 +102,8 @@ def start(
     check_job_options(job)
     job["codec"] = parse_codec(job["codec"]).spec
     topology_fields = local_topology_fields(job["topology"])
-    label = Path(job["topology"]).stem if "custom_graph" in topology_fields else job["topology"]
+    custom = "custom_graph" in topology_fields
+    label = Path(job["topology"]).stem if custom else topology_fields["topology"]
     spec = {
         "name": f"{job['algorithm']}-{job['codec']}-{label}",
         "model": _with_hash(

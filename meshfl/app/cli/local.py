@@ -157,11 +157,14 @@ def local(
     from meshfl.app.local.fleet import parse_kill, parse_link_option, parse_slow
     from meshfl.app.local.run import LocalConfig, run_local, validate
     from meshfl.app.local.secure_broker import check_secure_options
+    from meshfl.app.local.validation import canonical_topology
     from meshfl.codecs import parse_codec
     from meshfl.errors import Interrupted
 
     secure_note = privacy_defaults(job)
     job["codec"] = parse_codec(job["codec"]).spec  # canonical form in the banner and the report
+    if job["topology"] is not None:
+        job["topology"] = canonical_topology(job["topology"])
     config = LocalConfig(
         **job,
         agents=agents,

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from meshfl.app.local.config import LocalConfig
     from meshfl.topology import Graph
 
-__all__ = ["MAX_AGENTS", "is_graph_file", "topology_fields", "validate"]
+__all__ = ["MAX_AGENTS", "canonical_topology", "is_graph_file", "topology_fields", "validate"]
 
 MAX_AGENTS = 64
 """One process per agent (≈ 250 MB each with torch): past this, use a real fleet."""
@@ -90,6 +90,15 @@ def is_graph_file(topology: str) -> bool:
     )
 
 
+def canonical_topology(topology: str) -> str:
+    """``--topology`` with a kind's name in lower case (``Ring`` is ``ring``, as codecs are).
+
+    A JSON edge-list file, or a name that is no kind, is returned as it is.
+    """
+    kind = topology.lower()
+    return kind if kind in JOB_TOPOLOGIES and not is_graph_file(topology) else topology
+
+
 def topology_fields(topology: str) -> dict[str, Any]:
     """Return the spec fields of ``--topology``: a kind, or ``custom`` with its graph.
 
@@ -102,6 +111,7 @@ def topology_fields(topology: str) -> dict[str, Any]:
 
     """
     if not is_graph_file(topology):
+        topology = canonical_topology(topology)
         kinds = [k for k in JOB_TOPOLOGIES if k != "custom"]
         if topology not in kinds:
             raise ConfigError(
