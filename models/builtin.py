@@ -31,7 +31,7 @@ from models.datasets import (
     split_dataset_file,
 )
 
-__all__ = ["BUILTIN_DATASETS", "load_builtin", "load_split", "num_classes"]
+__all__ = ["BUILTIN_DATASETS", "check_dataset", "load_builtin", "load_split", "num_classes"]
 
 _SKLEARN_TABULAR = ("iris", "wine", "breast_cancer")
 BUILTIN_DATASETS: tuple[str, ...] = ("digits", "mnist1d", *_SKLEARN_TABULAR)
@@ -120,15 +120,24 @@ def load_split(
     """
     if dataset in BUILTIN_DATASETS:
         return load_builtin(dataset, seed)
-    if not Path(dataset).exists():
-        raise ConfigError(
-            f"--dataset {dataset!r} is neither a built-in dataset "
-            f"({', '.join(BUILTIN_DATASETS)}) nor an existing .npz/.csv file or image folder"
-        )
+    check_dataset(dataset)
     return split_dataset_file(
         dataset, n_devices, None, seed, label_column=label_column,
         image_size=image_size, grayscale=grayscale,
     )  # fmt: skip
+
+
+def check_dataset(dataset: str) -> None:
+    """Raise :class:`ConfigError` unless ``dataset`` is a built-in name or an existing path.
+
+    Only a look at the name and the file system: whether the file loads is
+    :func:`load_split`'s to say.
+    """
+    if dataset not in BUILTIN_DATASETS and not Path(dataset).exists():
+        raise ConfigError(
+            f"--dataset {dataset!r} is neither a built-in dataset "
+            f"({', '.join(BUILTIN_DATASETS)}) nor an existing .npz/.csv file or image folder"
+        )
 
 
 def num_classes(split: Split) -> int:

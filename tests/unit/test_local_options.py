@@ -388,3 +388,30 @@ def test_topology_kinds_are_case_insensitive_like_codecs_but_files_keep_their_na
     assert canonical_topology("Hypercube") == "Hypercube"  # refused later, as typed
     with pytest.raises(ConfigError, match="--topology 'Hypercube'"):
         topology_fields("Hypercube")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--dataset", "no-such.npz"], "--dataset 'no-such.npz' is neither"),
+        (["--out", "{file}"], "is not a writable directory"),
+        (["--in-process", "2", "--step-time", "0.1"], "--in-process runs agents as threads"),
+    ],
+)
+def test_a_refused_local_run_prints_its_reason_and_no_banner(
+    args: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from meshfl.app.cli import main
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    args = [a.replace("{file}", str(a_file)) for a in args]
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["local", "--agents", "2", "--out", str(tmp_path / "run"), *args])
+
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert captured.out == ""  # no "meshfl local: 2 agents, ..." banner before the error
+    (error,) = captured.err.strip().splitlines()
+    assert error.startswith("meshfl: error:") and fragment in error

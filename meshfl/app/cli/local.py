@@ -153,10 +153,8 @@ def local(
     # The job's options (``job``) are the table's: meshfl.contract.JOB_OPTIONS.
     from rich.console import Console
 
-    from meshfl.app.local.bridged import check_bridged_options
     from meshfl.app.local.fleet import parse_kill, parse_link_option, parse_slow
-    from meshfl.app.local.run import LocalConfig, run_local, validate
-    from meshfl.app.local.secure_broker import check_secure_options
+    from meshfl.app.local.run import LocalConfig, preflight, run_local
     from meshfl.app.local.validation import canonical_topology
     from meshfl.codecs import parse_codec
     from meshfl.errors import Interrupted
@@ -193,9 +191,7 @@ def local(
         brokers=brokers,
         in_process=in_process,
     )
-    validate(config)
-    check_secure_options(config)
-    check_bridged_options(config)
+    preflight(config)  # before the banner: a refusal is the only line printed
     # SIGTERM and SIGHUP (a closed terminal; not under nohup) stop the run like Ctrl-C:
     # every child process is stopped, a partial report written.
     signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from broker.bridge import BridgedBrokers
     from broker.mosquitto import MosquittoProcess
 
-__all__ = ["LocalConfig", "LocalRun", "run_local", "validate"]
+__all__ = ["LocalConfig", "LocalRun", "preflight", "run_local", "validate"]
 
 
 @dataclass
@@ -72,6 +72,23 @@ class LocalRun:
     report_path: Path
     plot_path: Path | None
     failed_agents: dict[str, str] = field(default_factory=dict)
+
+
+def preflight(config: LocalConfig) -> Path:
+    """Every check of ``config`` that needs no process: options, dataset name, ``--out``.
+
+    Creates ``config.out`` if needed and returns it. Raises
+    :class:`~meshfl.errors.ConfigError` naming the option; :func:`run_local` calls it
+    first, and the CLI before its banner so that a refusal is the only line printed.
+    """
+    from models.builtin import check_dataset
+
+    validate(config)
+    check_secure_options(config)
+    check_bridged_options(config)
+    check_in_process_options(config)
+    check_dataset(config.dataset)
+    return writable_dir(config.out)
 
 
 def run_local(
@@ -111,11 +128,7 @@ def run_local(
         A part of the fleet failed; the message names it.
 
     """
-    validate(config)
-    check_secure_options(config)
-    check_bridged_options(config)
-    check_in_process_options(config)
-    out = writable_dir(config.out)
+    out = preflight(config)
     # The agents' zygote imports torch while the data is cut and the servers start.
     zygote = Zygote(out / "logs") if zygote_enabled() else None
     try:
