@@ -155,3 +155,14 @@ def test_an_option_group_gives_a_command_its_options_as_one_value() -> None:
 
     assert result.exit_code == 0, result.output
     assert seen == [("box", (5, True))]
+
+
+def test_meshfl_local_help_loses_nothing_in_80_columns() -> None:
+    # Rich crops a word wider than its column with "…": an off-by-default switch is one
+    # flag (no --no-plan column) and no metavar or example is wider than the help column.
+    result = CliRunner().invoke(_local_app(), ["--help"], terminal_width=80)
+
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    assert "…" not in result.output
+    assert "--no-plan" not in result.output and "--plan " in result.output

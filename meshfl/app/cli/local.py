@@ -89,8 +89,9 @@ def local(
     link: Annotated[
         list[str] | None,
         typer.Option(
-            metavar="DEVICE:RATE[:LATENCY]",
-            help="That agent reaches the broker over a shaped link (repeatable; 3:1mbit:200ms).",
+            metavar="DEVICE:RATE",
+            help="That agent reaches the broker over a shaped link, DEVICE:RATE[:LATENCY]"
+            " (repeatable; 3:1mbit:200ms).",
         ),
     ] = None,
     join_at: Annotated[
@@ -108,7 +109,7 @@ def local(
         typer.Option(
             metavar="SPEC",
             help="Inject faults (repeatable): between every agent and the broker, e.g."
-            " drop=0.1,dup=0.1,reorder=0.05,corrupt=0.01,delay=50,seed=1 or"
+            " drop=0.1,dup=0.1 (also reorder=, corrupt=, delay=MS, seed=) or"
             " partition=device-2@5:40; and process faults during a round, each restarted"
             " SECONDS later: broker=ROUND:term|kill[:SECONDS] (the run's own Mosquitto),"
             " coordinator=ROUND[:SECONDS], restart=DEVICE@ROUND[:SECONDS]"

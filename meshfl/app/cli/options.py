@@ -23,11 +23,14 @@ def _parameter(option: JobOption) -> inspect.Parameter:
     """The Typer parameter of ``option``, its default from :data:`LAUNCHER_DEFAULTS`."""
     default = LAUNCHER_DEFAULTS[option.field]
     kind = option.kind if default is not None else option.kind | None
+    # An off-by-default switch is one flag (--plan), not a pair (--plan/--no-plan): the
+    # pair's second column would narrow every help text in an 80-column terminal.
+    flags = [option.flag] if option.kind is bool and default is False else []
     return inspect.Parameter(
         option.name,
         inspect.Parameter.KEYWORD_ONLY,
         default=default,
-        annotation=Annotated[kind, typer.Option(help=option.help, metavar=option.metavar)],
+        annotation=Annotated[kind, typer.Option(*flags, help=option.help, metavar=option.metavar)],
     )
 
 
