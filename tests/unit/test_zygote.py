@@ -39,6 +39,9 @@ def test_a_forked_child_has_its_own_pid_session_and_log_and_a_sigkill_ends_it(
         assert child.pid != zygote.process.pid
         assert process.ppid() == zygote.process.pid  # forked, not started from scratch
         assert os.getsid(child.pid) == child.pid  # its own session, as start_new_session
+        # ps and pkill -f see its command, not the zygote's
+        title = " ".join(process.cmdline()).split()  # one string, padded with empty ones
+        assert title == ["meshfl", "broker", "serve", "--port", str(port)]
         assert process.num_threads() >= 1 and child.poll() is None
     finally:
         os.kill(child.pid, signal.SIGKILL)
@@ -157,3 +160,15 @@ def test_a_signal_during_cleanup_is_held_until_the_cleanup_is_done() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_child_s_process_title_hides_the_values_of_secret_options() -> None:
+    from meshfl.app.local.zygote_server import _Request, _title
+
+    args = ["agent", "run", "--token", "T0", "--keepalive", "5", "--admin-token=T1",
+            "--tls-key", "k.pem", "--name", "device-0"]  # fmt: skip
+    request = _Request(args=args, env={}, cwd="/", log="x.log", append=False)
+
+    assert _title(request) == (
+        "meshfl agent run --token *** --keepalive 5 --admin-token=*** --tls-key *** --name device-0"
+    )

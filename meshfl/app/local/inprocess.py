@@ -136,12 +136,13 @@ def start_fleets(
     children = []
     for k, block in enumerate(blocks(config.agents, config.in_process)):
         args = [
-            "agent", "fleet", "--coordinator", coordinator, "--token", token,
+            "agent", "fleet", "--coordinator", coordinator,
             "--data", template, "--first", str(block.start), "--count", str(len(block)),
             "--name-prefix", "device-", "--out", str(config.out / "models"), "--once",
             "--label-column", config.label_column, "--poll", str(POLL_S),
             "--log-format", config.log_format, *extra,
             *(["--allow-model", config.model] if ":" in config.model else []),  # the user's own
         ]  # fmt: skip
-        children.append(supervisor.start(f"fleet-{k}", args))
+        # the token in the environment, not in ps: only its user reads /proc/PID/environ
+        children.append(supervisor.start(f"fleet-{k}", args, env={"MESHFL_TOKEN": token}))
     return children

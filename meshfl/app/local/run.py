@@ -192,7 +192,7 @@ def run_local(
             return supervisor.start(
                 name,
                 [
-                    "agent", "run", "--coordinator", url, "--token", enrol_token,
+                    "agent", "run", "--coordinator", url,
                     "--data", str(device_files[int(name.split("-")[1])]), "--name", name,
                     "--out", str(out / "models"), "--once",
                     "--label-column", config.label_column, *broker, *slowdown,
@@ -200,6 +200,7 @@ def run_local(
                     # the factory the user passed meshfl local is the user's own code
                     *(["--allow-model", config.model] if ":" in config.model else []),
                 ],
+                env={"MESHFL_TOKEN": enrol_token},  # not in ps: only its user reads environ
             )  # fmt: skip
 
         if config.in_process:

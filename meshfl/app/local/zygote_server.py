@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from setproctitle import getproctitle, setproctitle
+
 __all__ = ["PRELOAD", "first_draws", "main", "serve"]
 
 PRELOAD = (
@@ -185,7 +187,30 @@ def _become(request: _Request) -> None:
     os.environ.update(request.env)
     os.chdir(request.cwd)
     sys.argv = ["meshfl", *request.args]
+    # ps, pkill -f and psutil's cmdline() show the agent's command, not the zygote's.
+    setproctitle(_title(request))
     _reseed()
+
+
+_SECRET_WORDS = frozenset({"token", "key", "secret", "password"})
+
+
+def _title(request: _Request) -> str:
+    """The child's process title: its command, with the values of secret options hidden.
+
+    Any local user can read a process's title (``/proc/PID/cmdline``), so ``--token T``
+    and ``--admin-token=T`` show as ``--token ***`` and ``--admin-token=***``: an option
+    is secret when the last word of its name is token, key, secret or password.
+    """
+    if not request.args:
+        return f"meshfl {request.call}"
+    words, hide_next = ["meshfl"], False
+    for arg in request.args:
+        name, equals, _ = arg.partition("=")
+        secret = name.startswith("--") and name.rsplit("-", 1)[-1] in _SECRET_WORDS
+        words.append("***" if hide_next else f"{name}=***" if secret and equals else arg)
+        hide_next = secret and not equals
+    return " ".join(words)
 
 
 def _reseed() -> None:
@@ -220,6 +245,9 @@ def first_draws() -> dict[str, float]:
 
 def main(argv: list[str]) -> NoReturn:
     """``python -m meshfl.app.local.zygote SOCKET``: serve; in a child, run its command."""
+    # setproctitle finds argv's memory through the environment it starts with: here,
+    # before a child clears the environment for its own.
+    setproctitle(getproctitle())
     request = serve(argv[0])
     if request is None:  # told to stop: nothing to finalise, and torch's teardown is slow
         sys.stdout.flush()
