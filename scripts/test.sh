@@ -53,8 +53,11 @@ else
   # Unit, contract and fuzz tests are CPU-bound and independent: both cores. The OpenAPI
   # fuzzing (-m fuzz) is one test per operation.
   pytest -q -p no:cacheprovider -n 2 --durations=10 tests/unit tests/contract
-  if ! wait "$mypy_pid"; then cat "$mypy_log"; exit 1; fi
+  mypy_ok=0
+  wait "$mypy_pid" || mypy_ok=$?
   cat "$mypy_log"
+  rm -f "$mypy_log"
+  [ "$mypy_ok" -eq 0 ]
   # The integration and end-to-end tests start brokers and fleets of processes on free
   # ports, each in its own tmp_path (PostgreSQL ones in a scratch schema); a third of their
   # time is waiting (deadlines, keepalives, restarts), so two at a time take 6 instead of

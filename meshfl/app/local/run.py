@@ -454,12 +454,14 @@ def _start_coordinator(
         "coordinator",
         [
             "coordinator", "serve", "--port", str(port), "--db", f"sqlite:///{db}",
-            "--broker-url", broker_url, "--enrol-token", enrol_token,
-            "--admin-token", admin_token, *extra,
+            "--broker-url", broker_url, *extra,
         ],
-        # One user on loopback: agents enrol all at once and the monitor polls per device.
         env={
+            # One user on loopback: agents enrol all at once and the monitor polls per device.
             **{f"MESHFL_COORDINATOR_RATE_LIMIT_{who}": "" for who in ("ENROL", "OPERATOR")},
+            # Secrets in the environment, never on a command line that ps shows to everyone.
+            "MESHFL_COORDINATOR_ENROL_TOKEN": enrol_token,
+            "MESHFL_COORDINATOR_ADMIN_TOKEN": admin_token,
             **(env or {}),
         },
     )  # fmt: skip

@@ -208,7 +208,11 @@ def _title(request: _Request) -> str:
     for arg in request.args:
         name, equals, _ = arg.partition("=")
         secret = name.startswith("--") and name.rsplit("-", 1)[-1] in _SECRET_WORDS
-        words.append("***" if hide_next else f"{name}=***" if secret and equals else arg)
+        if hide_next:
+            arg = "***"
+        elif secret and equals:
+            arg = f"{name}=***"
+        words.append(arg)
         hide_next = secret and not equals
     return " ".join(words)
 
