@@ -30,10 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from quality_sim import load_workload
-
 from coordinator.privacy import Spend, epsilon
 from edge_agent.trainer import Trainer
+from meshfl.app.bench.quality_sim import load_workload
 
 DELTA = 1e-5
 

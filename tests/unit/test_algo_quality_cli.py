@@ -1,39 +1,32 @@
-"""``benchmarks/quality.py``: a short sweep prints the table and writes every field."""
+"""``meshfl bench quality``: a short sweep prints the table and writes every field."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from meshfl.app.cli import main
 
 
-@pytest.fixture
-def quality() -> object:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import quality
-
-        yield quality
-    finally:
-        sys.path.remove(str(BENCH))
+def _run(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "quality", *argv])
+    return int(exc.value.code or 0)
 
 
 @pytest.mark.slow  # imports torch and scikit-learn, trains 6 short runs
 def test_a_two_round_sweep_prints_and_writes_the_rows(
-    quality: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "rows.json"
     argv = ["--workload", "W1", "--seeds", "0", "--rounds", "2", "--only", "efavg",
-            "--json", str(out)]  # fmt: skip
-    assert quality.main(argv) == 0  # type: ignore[attr-defined]
+            "--out", str(tmp_path)]  # fmt: skip
+    assert _run(argv) == 0
     text = capsys.readouterr().out
-    assert "command: python benchmarks/quality.py --workload W1 --seeds 0 --rounds 2" in text
+    assert "command: meshfl bench quality --workload W1 --seeds 0 --rounds 2 --only efavg" in text
     assert "| efavg sign hb0.9 |" in text
-    data = json.loads(out.read_text())
+    data = json.loads((tmp_path / "quality-W1.json").read_text())
     rows = {r["label"]: r for r in data["rows"]}
     assert set(rows) >= {"efavg identity", "efavg sign", "efavg sign hb0.9"}
     # 2 rounds × 8 devices × one signed, chunked sign message of 888 bytes
@@ -46,13 +39,16 @@ def test_a_two_round_sweep_prints_and_writes_the_rows(
     ("argv", "message"),
     [
         (["--seeds", "x"], "--seeds must be integers"),
+        (["--seeds", ","], "--seeds is empty"),
         (["--only", "gossip"], "gossip is not an algorithm"),
         (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--workload", "W9"], "unknown workload 'W9'; use W1 or W2"),
     ],
 )
 def test_bad_options_are_one_line_errors(
-    quality: object, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert quality.main(argv) == 2  # type: ignore[attr-defined]
+    assert _run([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written

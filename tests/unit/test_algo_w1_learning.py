@@ -1,6 +1,6 @@
 """W1 learning: each new algorithm beats the ring baselines while uploading far fewer bytes.
 
-Short lockstep runs of ``benchmarks/quality.py``'s fleet (W1 exactly, model seed 0, 12
+Short lockstep runs of ``meshfl bench quality``'s fleet (W1 exactly, model seed 0, 12
 rounds); bytes are the real signed envelopes, chunked. D-PSGD on the ring uploads one
 identity-coded model per device a round (19,510 bytes); every candidate here uploads at
 most one sign-coded message per device a round (888 bytes), the bytes of CHOCO-SGD with
@@ -11,38 +11,30 @@ Quasi-global momentum on the ring beats that one but not uncompressed D-PSGD in 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from meshfl.app.bench import quality_runs, quality_sim
+
 pytestmark = pytest.mark.slow  # 7 short W1 runs: ~18 s of CPU, more on a loaded machine
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 ROUNDS = 12
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import quality_runs
-        import quality_sim
-
-        torch.set_num_threads(1)
-        workload = replace(quality_sim.load_workload("W1"), rounds=ROUNDS)
-        dpsgd = quality_runs.run_candidate(
-            quality_runs.Candidate("choco", "ring", "identity"), workload, 0
-        )
-        same_bytes = quality_runs.run_candidate(
-            quality_runs.Candidate("choco", "ring", "sign", 0.8), workload, 0
-        )
-        yield quality_runs, workload, dpsgd, same_bytes
-    finally:
-        sys.path.remove(str(BENCH))
+    torch.set_num_threads(1)
+    workload = replace(quality_sim.load_workload("W1"), rounds=ROUNDS)
+    dpsgd = quality_runs.run_candidate(
+        quality_runs.Candidate("choco", "ring", "identity"), workload, 0
+    )
+    same_bytes = quality_runs.run_candidate(
+        quality_runs.Candidate("choco", "ring", "sign", 0.8), workload, 0
+    )
+    return quality_runs, workload, dpsgd, same_bytes
 
 
 HB = {"local": "hb", "local_beta": 0.9}

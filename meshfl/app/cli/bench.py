@@ -63,3 +63,28 @@ def frontier(
         seeds=seeds,
         out=writable_dir(out),
     )
+
+
+@bench_app.command("quality")
+def quality(
+    workload: Annotated[
+        str, typer.Option(help="W1 (digits, 8 devices) or W2 (mnist1d, 16).")
+    ] = "W1",
+    seeds: Annotated[str, typer.Option(help="Model seeds, comma-separated; medians.")] = "0,1,2",
+    only: Annotated[
+        str,
+        typer.Option(help="Keep these algorithms: fedavg, choco, efavg, pga, epidemic, tracking."),
+    ] = "",
+    full: Annotated[
+        bool, typer.Option("--full", help="Every algorithm × topology × codec × momentum (hours).")
+    ] = False,
+    rounds: Annotated[
+        int | None, typer.Option(help="Rounds (default: the workload's, W1 30, W2 60).")
+    ] = None,
+    out: Out = Path("meshfl-bench"),
+) -> None:
+    """Lockstep sweep of algorithm × topology × codec: accuracy, rounds and bytes to 80/85/90 %."""
+    from meshfl.app.bench.quality import main, parse_only, parse_seeds
+
+    seed_list, keep = parse_seeds(seeds), parse_only(only)
+    main(workload, seed_list, keep, full, rounds, writable_dir(out))

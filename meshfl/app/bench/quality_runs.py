@@ -1,19 +1,20 @@
-"""One lockstep run of a candidate (algorithm × topology × codec × momentum) for quality.py.
+"""One lockstep run of a candidate (algorithm × topology × codec × momentum).
 
-Every algorithm object is the kernel's (:mod:`meshfl.aggregation`), fed the very
-:class:`meshfl.wire.TensorEntry` tuples an agent would publish; bytes are counted with the
-real encoders (:func:`quality_sim.message_bytes`). Upload counts once per message, however
-many neighbours hear it (a broadcast on the device's delta topic); per-edge messages
-(randomized gossip) count once per edge.
+The runs behind ``meshfl bench quality``. Every algorithm object is the kernel's
+(:mod:`meshfl.aggregation`), fed the very :class:`meshfl.wire.TensorEntry` tuples an agent
+would publish; bytes are counted with the real encoders
+(:func:`meshfl.app.bench.quality_sim.message_bytes`). Upload counts once per message,
+however many neighbours hear it (a broadcast on the device's delta topic); per-edge
+messages (randomized gossip) count once per edge.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
-from quality_sim import Device, Workload, device_id, identity_message_bytes, message_bytes
 
 from meshfl.aggregation import ChocoGossip
 from meshfl.aggregation.ef_averaging import EFAveraging
@@ -21,9 +22,16 @@ from meshfl.aggregation.epidemic import EpidemicGossip
 from meshfl.aggregation.momentum import LocalMomentum, QuasiGlobalMomentum, UpdateMomentum
 from meshfl.aggregation.pga import pga_row
 from meshfl.aggregation.tracking import GradientTracking
+from meshfl.app.bench.quality_sim import (
+    Device,
+    Workload,
+    device_id,
+    identity_message_bytes,
+    message_bytes,
+)
 from meshfl.codecs import parse_codec
-from meshfl.errors import CodecError
-from meshfl.topology import build_graph, metropolis_hastings
+from meshfl.errors import CodecError, ConfigError
+from meshfl.topology import Graph, build_graph, metropolis_hastings
 
 __all__ = ["Candidate", "Run", "run_candidate"]
 
@@ -102,7 +110,7 @@ def _consensus(models: list[dict[str, np.ndarray]]) -> float:
     return float(np.mean(np.sum((flat - flat.mean(0)) ** 2, axis=1)))
 
 
-def _rows(c: Candidate, w: Workload, round_: int) -> tuple[np.ndarray, object]:
+def _rows(c: Candidate, w: Workload, round_: int) -> tuple[np.ndarray, Graph]:
     graph = build_graph(c.topology, w.n)
     if c.weights == "samples":
         sizes = np.array([len(p) for p in w.parts], dtype=np.float64)
@@ -120,7 +128,7 @@ def run_candidate(c: Candidate, w: Workload, seed: int) -> Run:
     xt, yt = torch.from_numpy(w.x_test), torch.from_numpy(w.y_test)
     x0 = devices[0].params()
     ids = [device_id(i) for i in range(w.n)]
-    local: list[object] = []
+    local: list[LocalMomentum | QuasiGlobalMomentum | None] = []
     for _ in devices:
         if c.local == "hb":
             local.append(LocalMomentum(c.local_beta))
@@ -135,7 +143,9 @@ def run_candidate(c: Candidate, w: Workload, seed: int) -> Run:
         for _ in devices
     ]
     matrix, graph = _rows(c, w, 0)
-    algos: list[object] = []
+    # The algorithms' interfaces differ (epidemic sends per edge, tracking sends two
+    # tensors a round); _communicate drives each by its own.
+    algos: list[Any] = []
     for i in range(w.n):
         codec = parse_codec(c.codec, seed=1000 * seed + i)
         if c.algorithm in ("choco", "pga"):
@@ -191,10 +201,11 @@ def run_candidate(c: Candidate, w: Workload, seed: int) -> Run:
         total += sent
         for i, d in enumerate(devices):
             x = mixed[i]
-            if isinstance(local[i], QuasiGlobalMomentum):
-                local[i].end_round(x, w.lr, steps[i])  # type: ignore[union-attr]
-            if update[i] is not None:
-                x = update[i].apply(starts[i], x)  # type: ignore[union-attr]
+            opt, um = local[i], update[i]
+            if isinstance(opt, QuasiGlobalMomentum):
+                opt.end_round(x, w.lr, steps[i])
+            if um is not None:
+                x = um.apply(starts[i], x)
             d.set_params(x)
         acc = [d.accuracy(xt, yt) for d in devices]
         run.mean.append(float(np.mean(acc)))
@@ -213,13 +224,13 @@ def _sgd(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], lr: float)
 def _communicate(
     c: Candidate,
     w: Workload,
-    algos: list,
-    xs: list,
-    starts: list,
+    algos: list[Any],
+    xs: list[dict[str, np.ndarray]],
+    starts: list[dict[str, np.ndarray]],
     ids: list[str],
     round_: int,
     seed: int,
-) -> tuple[list, int]:
+) -> tuple[list[dict[str, np.ndarray]], int]:
     n = w.n
     if c.algorithm == "fedavg":
         sizes = np.array([len(p) for p in w.parts], dtype=np.float64)
@@ -275,7 +286,7 @@ def _communicate(
             for peer in algos[i].neighbours:
                 algos[i].incoming(peer, msgs[ids.index(peer)])
         return [algos[i].mix(starts[i]) for i in range(n)], sent
-    raise SystemExit(f"error: unknown algorithm {c.algorithm!r}")
+    raise ConfigError(f"unknown algorithm {c.algorithm!r}")
 
 
 def _heard(c: Candidate, w: Workload) -> list[list[int]]:

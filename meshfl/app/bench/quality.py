@@ -1,4 +1,4 @@
-"""Lockstep quality benchmark: which algorithm × topology × codec learns best per byte.
+"""``meshfl bench quality``: which algorithm × topology × codec learns best per byte.
 
 Trains the workload's devices in one process (torch, one thread; the agents' batch order),
 with the kernel's algorithm objects (:mod:`meshfl.aggregation`) exchanging the real wire
@@ -7,13 +7,13 @@ candidate: final mean / minimum test accuracy, rounds and upload bytes to 80/85/
 accuracy, total upload bytes of all devices (signed envelopes, chunked, counted with the
 real encoders) and the final consensus distance (1/n) Σ ‖x_i − x̄‖². Medians over seeds.
 
-    python benchmarks/quality.py --workload W1 --seeds 0,1,2
-    python benchmarks/quality.py --workload W1 --seeds 0,1,2 --only efavg,choco
-    python benchmarks/quality.py --workload W2 --seeds 0 --json out.json
-    python benchmarks/quality.py --workload W1 --seeds 0 --full     # 201 candidates
+    meshfl bench quality --workload W1 --seeds 0,1,2
+    meshfl bench quality --workload W1 --seeds 0,1,2 --only efavg,choco
+    meshfl bench quality --workload W2 --seeds 0
+    meshfl bench quality --workload W1 --seeds 0 --full     # 201 candidates
 
 The default sweep is a curated subset of the full grid (the rows that decide something);
-``--full`` runs every combination.
+``--full`` runs every combination. The rows also go to ``OUT/quality-W?.json``.
 
 W1's target (issue 22): mean ≥ 0.95, minimum ≥ 0.93, ≤ 237,024 bytes uploaded in all over
 30 rounds.
@@ -21,24 +21,33 @@ W1's target (issue 22): mean ≥ 0.95, minimum ≥ 0.93, ≤ 237,024 bytes uploa
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe
-from quality_runs import Candidate, Run, run_candidate
-from quality_sim import load_workload, pooled_accuracy
+from meshfl.app.bench.machine import describe
+from meshfl.app.bench.quality_runs import Candidate, Run, run_candidate
+from meshfl.app.bench.quality_sim import load_workload, pooled_accuracy
+from meshfl.errors import ConfigError
 
 TARGETS = (0.80, 0.85, 0.90)
 W1_BUDGET = 237_024
-HB, QGM = {"local": "hb", "local_beta": 0.9}, {"local": "qgm", "local_beta": 0.9}
+
+
+def _hb(c: Candidate) -> Candidate:
+    """``c`` with heavy-ball local momentum β 0.9."""
+    return replace(c, local="hb", local_beta=0.9)
+
+
+def _qgm(c: Candidate) -> Candidate:
+    """``c`` with quasi-global momentum β 0.9."""
+    return replace(c, local="qgm", local_beta=0.9)
 
 
 def candidates(workload: str) -> list[Candidate]:
@@ -47,7 +56,7 @@ def candidates(workload: str) -> list[Candidate]:
     out = [
         c("fedavg"),
         c("fedavg", local="hb", local_beta=0.5, update_beta=0.5),
-        c("fedavg", **HB),
+        _hb(c("fedavg")),
         c("choco", "ring", "identity"),
         c("choco", "exponential", "identity"),
     ]
@@ -60,42 +69,42 @@ def candidates(workload: str) -> list[Candidate]:
     ):
         out += [
             c("choco", "complete", codec, gamma),
-            c("choco", "complete", codec, gamma, **HB),
+            _hb(c("choco", "complete", codec, gamma)),
             c("efavg", codec=codec),
-            c("efavg", codec=codec, **HB),
+            _hb(c("efavg", codec=codec)),
         ]
     out += [
-        c("choco", "complete", "sign", **QGM),
+        _qgm(c("choco", "complete", "sign")),
         c("choco", "ring", "sign", 0.8),
-        c("choco", "ring", "sign", 0.8, **HB),
-        c("choco", "ring", "sign", 0.8, **QGM),
-        c("choco", "exponential", "sign", 1.0, **HB),
-        c("choco", "exponential", "sign", 1.0, **QGM),
-        c("pga", "ring", "sign", period=4, **HB),
-        c("pga", "exponential", "sign", period=4, **HB),
+        _hb(c("choco", "ring", "sign", 0.8)),
+        _qgm(c("choco", "ring", "sign", 0.8)),
+        _hb(c("choco", "exponential", "sign", 1.0)),
+        _qgm(c("choco", "exponential", "sign", 1.0)),
+        _hb(c("pga", "ring", "sign", period=4)),
+        _hb(c("pga", "exponential", "sign", period=4)),
         c("epidemic", codec="identity", peers=2),
-        c("epidemic", codec="sign", peers=1, **HB),
-        c("epidemic", codec="sign", peers=2, **HB),
+        _hb(c("epidemic", codec="sign", peers=1)),
+        _hb(c("epidemic", codec="sign", peers=2)),
         c("tracking", "complete", "identity"),
         c("tracking", "ring", "sign", 0.5),
-        c("efavg", codec="sign", weights="samples", **HB),
+        _hb(c("efavg", codec="sign", weights="samples")),
         c("efavg", codec="sign", local="hb", local_beta=0.8),
         c("efavg", codec="sign", local="hb", local_beta=0.7, update_beta=0.5),
-        c("choco", "complete", "sign", keyframe_growth=1.5, **HB),
-        c("choco", "exponential", "sign", keyframe_growth=1.5, **HB),
-        c("choco", "ring", "sign", 0.8, keyframe_growth=1.5, **HB),
+        _hb(c("choco", "complete", "sign", keyframe_growth=1.5)),
+        _hb(c("choco", "exponential", "sign", keyframe_growth=1.5)),
+        _hb(c("choco", "ring", "sign", 0.8, keyframe_growth=1.5)),
     ]
     if workload == "W2":  # 16 devices, 60 rounds: the informative rows only
         out = [
-            c("fedavg", **HB),
-            c("efavg", codec="sign", **HB),
-            c("choco", "complete", "sign", **HB),
+            _hb(c("fedavg")),
+            _hb(c("efavg", codec="sign")),
+            _hb(c("choco", "complete", "sign")),
         ]
     return out
 
 
 CODECS = ("identity", "sign", "topk:0.1", "topk:0.05", "topk:0.02", "randk:0.1")
-LOCALS = ({}, HB, QGM)
+LOCALS: tuple[Callable[[Candidate], Candidate], ...] = (lambda c: c, _hb, _qgm)
 
 
 def full_grid() -> list[Candidate]:
@@ -104,16 +113,16 @@ def full_grid() -> list[Candidate]:
     γ is 1 for lossless and sign, 0.6 for sparsifiers (CHOCO's replicas drift above it).
     """
     c = Candidate
-    out = [c("fedavg"), *(c("fedavg", **m) for m in LOCALS[1:])]
+    out = [m(c("fedavg")) for m in LOCALS]
     for codec in CODECS:
         gamma = 1.0 if codec in ("identity", "sign") else 0.6
         for m in LOCALS:
-            out.append(c("efavg", codec=codec, **m))
-            out += [c("epidemic", codec=codec, peers=s, **m) for s in (1, 2)]
+            out.append(m(c("efavg", codec=codec)))
+            out += [m(c("epidemic", codec=codec, peers=s)) for s in (1, 2)]
             for topology in ("ring", "exponential", "complete"):
-                out += [c(algo, topology, codec, gamma, **m) for algo in ("choco", "tracking")]
+                out += [m(c(algo, topology, codec, gamma)) for algo in ("choco", "tracking")]
                 if topology != "complete":
-                    out.append(c("pga", topology, codec, gamma, period=4, **m))
+                    out.append(m(c("pga", topology, codec, gamma, period=4)))
     return out
 
 
@@ -136,9 +145,9 @@ def _fmt(v: float | None, spec: str = ",.0f") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def summarize(label: str, runs: list[Run]) -> dict[str, object]:
+def summarize(label: str, runs: list[Run]) -> dict[str, Any]:
     """Medians over seeds of the printed figures (and the per-seed finals)."""
-    row: dict[str, object] = {
+    row: dict[str, Any] = {
         "label": label,
         "final_mean": _median([r.mean[-1] for r in runs]),
         "final_min": _median([r.minimum[-1] for r in runs]),
@@ -156,10 +165,10 @@ def summarize(label: str, runs: list[Run]) -> dict[str, object]:
     return row
 
 
-def print_row(row: dict[str, object], budget: int | None) -> None:
+def print_row(row: dict[str, Any], budget: int | None) -> None:
     """One table row (markdown); a run whose models went to NaN counts as accuracy 0."""
     meets = ""
-    diverged = [r for r in row["diverged_at"] if r is not None]  # type: ignore[attr-defined]
+    diverged = [r for r in row["diverged_at"] if r is not None]
     if diverged:
         row = {**row, "label": f"{row['label']} (diverged at round {min(diverged)})"}
     if budget is not None and row["upload_total"] is not None:
@@ -167,15 +176,12 @@ def print_row(row: dict[str, object], budget: int | None) -> None:
             (row["final_mean"] or 0) >= 0.95
             and (row["final_min"] or 0) >= 0.93
             and row["upload_total"] <= budget
-        )  # type: ignore[operator]
+        )
         meets = " **yes**" if ok else " no"
-    rounds = " / ".join(_fmt(row[f"round_{t:.2f}"], ".0f") for t in TARGETS)  # type: ignore[arg-type]
+    rounds = " / ".join(_fmt(row[f"round_{t:.2f}"], ".0f") for t in TARGETS)
     kbytes = " / ".join(
         _fmt(
-            None
-            if row[f"bytes_{t:.2f}"] is None
-            # type: ignore[operator]
-            else row[f"bytes_{t:.2f}"] / 1e3,
+            None if row[f"bytes_{t:.2f}"] is None else row[f"bytes_{t:.2f}"] / 1e3,
             ",.1f",
         )
         for t in TARGETS
@@ -185,69 +191,70 @@ def print_row(row: dict[str, object], budget: int | None) -> None:
         f" | {rounds} | {kbytes} | {_fmt(row['upload_total'])} |"
         f" {_fmt(row['consensus'], '.3g')} |{meets}",
         flush=True,
-    )  # type: ignore[arg-type]
+    )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the sweep and print the table; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="W1", choices=["W1", "W2"])
-    parser.add_argument("--seeds", default="0,1,2", help="model seeds, comma-separated")
-    parser.add_argument(
-        "--only",
-        default="",
-        help="algorithms to keep, comma-separated (fedavg, choco, efavg, pga, epidemic, tracking)",
-    )
-    parser.add_argument(
-        "--full",
-        action="store_true",
-        help="the whole algorithm × topology × codec × momentum grid (slow)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=None,
-        help="override the workload's rounds (W1 30, W2 60), for smoke runs",
-    )
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    args = parser.parse_args(argv)
+ALGORITHMS = ("fedavg", "choco", "efavg", "pga", "epidemic", "tracking")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` → ``[0, 1, 2]``; ConfigError (one line) for anything else or nothing."""
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        print(f"error: --seeds must be integers like 0,1,2 (got {args.seeds!r})", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--seeds must be integers like 0,1,2 (got {text!r})") from None
     if not seeds:
-        print("error: --seeds is empty; give e.g. 0,1,2", file=sys.stderr)
-        return 2
-    if args.rounds is not None and args.rounds < 1:
-        print(f"error: --rounds must be >= 1 (got {args.rounds})", file=sys.stderr)
-        return 2
-    keep = {s.strip() for s in args.only.split(",") if s.strip()}
-    known = {"fedavg", "choco", "efavg", "pga", "epidemic", "tracking"}
-    if not keep <= known:
-        print(
-            f"error: --only {', '.join(sorted(keep - known))} is not an algorithm; "
-            f"use some of {', '.join(sorted(known))}",
-            file=sys.stderr,
+        raise ConfigError("--seeds is empty; give e.g. 0,1,2")
+    return seeds
+
+
+def parse_only(text: str) -> set[str]:
+    """The algorithms ``--only`` keeps; ConfigError naming an unknown one."""
+    keep = {s.strip() for s in text.split(",") if s.strip()}
+    if not keep <= set(ALGORITHMS):
+        raise ConfigError(
+            f"--only {', '.join(sorted(keep - set(ALGORITHMS)))} is not an algorithm; "
+            f"use some of {', '.join(sorted(ALGORITHMS))}"
         )
-        return 2
+    return keep
+
+
+def main(
+    workload_name: str,
+    seeds: list[int],
+    only: set[str],
+    full: bool,
+    rounds: int | None,
+    out: Path,
+) -> Path:
+    """Run the sweep, print the table, write ``OUT/quality-<workload>.json``; return its path.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown workload, or ``rounds`` < 1.
+
+    """
+    if rounds is not None and rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1 (got {rounds})")
+    workload = load_workload(workload_name)
     torch.set_num_threads(1)
-    workload = load_workload(args.workload)
-    if args.rounds is not None:
-        workload = replace(workload, rounds=args.rounds)
-    sweep = full_grid() if args.full else candidates(args.workload)
-    if keep:
-        sweep = [c for c in sweep if c.algorithm in keep]
-    budget = W1_BUDGET if args.workload == "W1" else None
+    if rounds is not None:
+        workload = replace(workload, rounds=rounds)
+    sweep = full_grid() if full else candidates(workload_name)
+    if only:
+        sweep = [c for c in sweep if c.algorithm in only]
+    budget = W1_BUDGET if workload_name == "W1" else None
     print(
-        f"workload: {args.workload} ({workload.n} devices, {workload.rounds} rounds), "
+        f"workload: {workload_name} ({workload.n} devices, {workload.rounds} rounds), "
         f"seeds {seeds}; medians over seeds"
     )
     print(
-        f"command: python benchmarks/quality.py --workload {args.workload} --seeds {args.seeds}"
-        + (f" --rounds {args.rounds}" if args.rounds is not None else "")
-        + (f" --only {args.only}" if args.only else "")
-        + (" --full" if args.full else "")
+        f"command: meshfl bench quality --workload {workload_name}"
+        f" --seeds {','.join(map(str, seeds))}"
+        + (f" --rounds {rounds}" if rounds is not None else "")
+        + (f" --only {','.join(sorted(only))}" if only else "")
+        + (" --full" if full else "")
     )
     print(f"machine: {describe()}")
     pooled = [pooled_accuracy(workload, s)[-1] for s in seeds]
@@ -267,15 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print_row(row, budget)
     print(f"\n{len(sweep)} candidates × {len(seeds)} seeds in {time.perf_counter() - start:.0f} s")
-    if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {"workload": args.workload, "seeds": seeds, "pooled": pooled, "rows": rows},
-                indent=1,
-            )
+    path = out / f"quality-{workload_name}.json"
+    path.write_text(
+        json.dumps(
+            {"workload": workload_name, "seeds": seeds, "pooled": pooled, "rows": rows}, indent=1
         )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    )
+    print(f"rows: {path}")
+    return path
