@@ -62,6 +62,11 @@ def test_the_cli_runs_a_small_fleet_that_beats_chance(tmp_path: Path) -> None:
     assert set(report["time_to_accuracy"]) == {"0.80", "0.85", "0.90"}
     assert (out / "report.png").stat().st_size > 10_000
     assert "final mean accuracy" in proc.stdout
+    # the pooled reference: the same model and optimizer on all 4 devices' data, 5 epochs
+    pooled = report["final"]["pooled_reference"]
+    assert (pooled["samples"], pooled["epochs"], pooled["momentum"]) == (1437, 5, 0.9)
+    assert 0.5 < pooled["accuracy"] <= 1.0
+    assert f"pooled reference {pooled['accuracy']:.4f}" in proc.stdout
     # every device exported its final model to ONNX with parity, and the consensus too
     onnx = report["onnx"]
     assert onnx["failures"] == []

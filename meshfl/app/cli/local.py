@@ -235,6 +235,12 @@ def _summary(console: Any, result: LocalRun, total_s: float, dp_delta: float) ->
             f" {final['wall_s']:.1f} s from fleet start to the job's end,"
             f" {total_s:.1f} s in all"
         )
+    pooled = final.get("pooled_reference") or {}
+    if "accuracy" in pooled:
+        console.print(
+            f"pooled reference {pooled['accuracy']:.4f}: the same model and optimizer trained"
+            f" centrally on all {pooled['samples']:,} training samples, {pooled['epochs']} epochs"
+        )
     if result.report.get("brokers") is not None:
         from meshfl.app.local.bridged import brokers_line
 

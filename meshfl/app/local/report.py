@@ -320,6 +320,9 @@ def _plot(path: Path, report: dict[str, Any]) -> Path:
     fig, (acc, sent) = plt.subplots(1, 2, figsize=(11, 4))
     acc.plot(x, [r["mean_accuracy"] for r in rounds], marker="o", ms=3, label="mean")
     acc.plot(x, [r["min_accuracy"] for r in rounds], marker=".", ms=3, label="minimum")
+    pooled = (report["final"].get("pooled_reference") or {}).get("accuracy")
+    if pooled is not None:
+        acc.axhline(pooled, color="tab:green", linestyle="--", lw=1, label="pooled reference")
     acc.set_xlabel("round")
     acc.set_ylabel("test accuracy")
     acc.set_ylim(0, 1)

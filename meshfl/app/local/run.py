@@ -30,6 +30,7 @@ from meshfl.app.local.lab.process_faults import ProcessFaults, broker_faults
 from meshfl.app.local.lab.shaping import ShapingProxy
 from meshfl.app.local.monitor import Hooks, RoundHook, agents, check_servers, monitor
 from meshfl.app.local.onnx_report import report_section
+from meshfl.app.local.pooled import start_pooled_reference
 from meshfl.app.local.processes import (
     Child,
     Supervisor,
@@ -259,6 +260,7 @@ def run_local(
         if bridged is not None:
             report["brokers"] = brokers_section(bridged, config.agents + len(config.join_at))
         say("job ended; fetching the consensus model and checking the ONNX exports")
+        pooled = start_pooled_reference(spec, device_files, test_file, supervisor.zygote, out)
         report["artifacts"] = _artifacts(admin, job["job_id"], out / "consensus.onnx")
         published = report["artifacts"].get("path")
         report["onnx"] = report_section(
@@ -266,6 +268,7 @@ def run_local(
             supervisor.zygote,
             private=None if spec["publish_model"] else PRIVATE_CONSENSUS,  # no un-noised model
         )  # fmt: skip
+        report["final"]["pooled_reference"] = pooled()
         report_path, plot_path = write_report(out, report)
         result = LocalRun(report, report_path, plot_path, failed)
         if on_report is not None:
