@@ -69,6 +69,21 @@ def _job_entry(job: Job) -> dict[str, Any]:
     }
 
 
+def _privacy(spec: dict[str, Any]) -> dict[str, Any]:
+    """What protects the job's data, for the job view's facts line.
+
+    The DP unit (``device``, ``record``, or None: no DP), σ and C, and the
+    secure-aggregation threshold t (0: off).
+    """
+    sigma = spec.get("dp_noise_multiplier") or 0.0
+    return {
+        "dp_unit": spec.get("dp_unit", "device") if sigma else None,
+        "noise_multiplier": sigma,
+        "clipping_norm": spec.get("dp_clip") if sigma else None,
+        "secure_aggregation": int(spec.get("secure_aggregation") or 0),
+    }
+
+
 def _topology(job: Job) -> dict[str, Any] | None:
     if not job.topology:  # not started yet
         return None
@@ -109,6 +124,7 @@ def _job_view(session: Session, job: Job) -> tuple[dict[str, Any], dict[str, Job
         **_job_entry(job),
         "algorithm": job.spec.get("algorithm"),
         "codec": job.spec.get("codec"),
+        "privacy": _privacy(job.spec),
         "rounds_done": curves[-1]["round"] if curves else 0,
         "curves": curves,
         "topology": _topology(job),

@@ -291,6 +291,8 @@ def test_the_snapshot_shows_what_the_api_shows(client: TestClient, clock: FakeCl
         2,
     )
     assert (job["algorithm"], job["codec"], job["ledger"]) == ("choco", "topk:0.1", None)
+    assert job["privacy"] == {"dp_unit": None, "noise_multiplier": 0.0, "clipping_norm": None,
+                              "secure_aggregation": 0}  # fmt: skip
     rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
     assert len(job["curves"]) == 2
     for curve, summary in zip(job["curves"], rounds, strict=True):
@@ -531,3 +533,25 @@ def test_the_concurrency_limit_does_not_count_event_streams() -> None:
 
     served = asyncio.run(scenario())
     assert served[0] == "/healthz" and served.count(dashboard_router.EVENTS_PATH) == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "privacy"),
+    [
+        ({"dp_noise_multiplier": 1.1, "dp_clip": 1.0},
+         {"dp_unit": "device", "noise_multiplier": 1.1, "clipping_norm": 1.0,
+          "secure_aggregation": 0}),
+        ({"dp_noise_multiplier": 0.9, "dp_clip": 2.0, "dp_unit": "record"},
+         {"dp_unit": "record", "noise_multiplier": 0.9, "clipping_norm": 2.0,
+          "secure_aggregation": 0}),
+        ({"secure_aggregation": 4, "dp_clip": 1.0},
+         {"dp_unit": None, "noise_multiplier": 0.0, "clipping_norm": None,
+          "secure_aggregation": 4}),
+    ],
+)  # fmt: skip
+def test_the_job_view_names_the_privacy_unit_and_secure_aggregation(
+    spec: dict[str, Any], privacy: dict[str, Any]
+) -> None:
+    from coordinator.dashboard.snapshot import _privacy
+
+    assert _privacy(spec) == privacy

@@ -119,7 +119,18 @@ function renderJobs(snapshot) {
   $("job-status").textContent = job ? job.status : "no job";
   $("job-status").dataset.status = job ? job.status : "";
   $("job-progress").textContent = job ? `round ${job.rounds_done} of ${job.rounds}` : "";
-  $("job-facts").textContent = job ? `${job.algorithm} · codec ${job.codec}` : "";
+  $("job-facts").textContent = job ? jobFacts(job) : "";
+}
+
+// "choco · codec sign · DP per record (σ 1.1, C 1) · secure aggregation t = 4"
+function jobFacts(job) {
+  const facts = [job.algorithm, `codec ${job.codec}`];
+  const privacy = job.privacy || {};
+  if (privacy.dp_unit) {
+    facts.push(`DP per ${privacy.dp_unit} (σ ${privacy.noise_multiplier}, C ${privacy.clipping_norm})`);
+  }
+  if (privacy.secure_aggregation) facts.push(`secure aggregation t = ${privacy.secure_aggregation}`);
+  return facts.join(" · ");
 }
 
 function renderGraph() {
