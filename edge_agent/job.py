@@ -26,7 +26,13 @@ from edge_agent.versions import TopologyVersion
 from meshfl import logcontext
 from meshfl.aggregation import consensus_sketch
 from meshfl.aggregation.privacy import PrivacyOptions
-from meshfl.contract import Assignment, CapabilityProfile, PrivacySpend, RoundMetrics
+from meshfl.contract import (
+    Assignment,
+    CapabilityProfile,
+    PrivacySpend,
+    RoundMetrics,
+    spec_value,
+)
 from meshfl.errors import ConfigError, CoordinatorError, DataError, MeshflError
 from meshfl.modelspec import check_allowed, check_hash, confine_path
 from meshfl.pathids import path_id
@@ -144,6 +150,7 @@ class JobRunner:
             slowdown=self.config.slowdown,
             step_time_s=self.config.step_time_s,
             momentum=spec.get("local_momentum", 0.0),
+            momentum_kind=spec_value(spec, "momentum_kind"),
             dp_sgd=self.privacy.dp_sgd,  # record-level DP: (σ, C) of DP-SGD, else None
         )
         check_hash(spec["model"], trainer.spec_hash)  # a different model build: decline
@@ -247,7 +254,7 @@ class JobRunner:
                     )
                 no_wait = self.plan.get("no_wait", ())
                 params, missing = engine.exchange(round_, trainer.params(), no_wait)
-                trainer.set_params(params)
+                trainer.finish_round(params)
                 if round_ >= spec["rounds"]:
                     engine.linger()  # e.g. repairs of the last message
                 accuracy, loss = trainer.evaluate(x_test, y_test)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from edge_agent.dp_sgd import DPSGD, RecordDP
+from edge_agent.local_step import LocalStep, check_momentum
 from meshfl.contract import ModelSpec, PrivacySpend
 from meshfl.errors import ConfigError, DataError
 from meshfl.files import atomic_write
@@ -78,14 +79,6 @@ def _check_slowdown(slowdown: float) -> float:
     return float(slowdown)
 
 
-def check_momentum(momentum: float) -> float:
-    """Return ``momentum`` as a float; ConfigError unless it is a number in [0, 1)."""
-    ok = not isinstance(momentum, bool) and isinstance(momentum, (int, float))
-    if not (ok and math.isfinite(momentum) and 0 <= momentum < 1):
-        raise ConfigError(f"local momentum must be a number in [0, 1) (got {momentum!r})")
-    return float(momentum)
-
-
 def _positive(name: str, value: float, integer: bool) -> None:
     bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
     if bad_type or (integer and not isinstance(value, int)) or not value > 0:
@@ -123,11 +116,14 @@ class Trainer:
         sleeping the difference, so that a machine hosting many agents does not decide
         how fast each one is. 0: the real step time.
     momentum : float, default 0.0
-        Local heavy-ball momentum β in [0, 1) (Polyak 1964), ``torch.optim.SGD``'s
-        (dampening 0, not Nesterov): ``v ← β v + g``, ``x ← x − η v``, with ``v ← g`` at
-        the first step. The buffer v lives as long as the trainer — across rounds and
-        across the gossip's :meth:`set_params` — and is saved and restored by the
-        agent's checkpoint (:meth:`momentum_state`). 0: plain SGD.
+        Local momentum β in [0, 1); 0: plain SGD. The buffer lives as long as the
+        trainer — across rounds and across the gossip's mixing — and is saved and
+        restored by the agent's checkpoint (:meth:`momentum_state`).
+    momentum_kind : str, default "heavy-ball"
+        How β applies (:mod:`edge_agent.local_step`): ``heavy-ball`` (Polyak 1964,
+        ``torch.optim.SGD``'s: ``v ← β v + g``, ``x ← x − η v``) or ``quasi-global``
+        (Lin et al., ICML 2021: ``x ← x − η (g + β m̂)``, m̂ following the mixed model's
+        change; :meth:`finish_round` updates it).
     dp_sgd : tuple of (float, float), optional
         ``(σ, C)``: train with DP-SGD (record-level DP, :mod:`edge_agent.dp_sgd`) with
         noise multiplier σ and per-example clipping norm C; each epoch is
@@ -159,6 +155,7 @@ class Trainer:
         slowdown: float = 1.0,
         step_time_s: float = 0.0,
         momentum: float = 0.0,
+        momentum_kind: str = "heavy-ball",
         dp_sgd: tuple[float, float] | None = None,
         dp_seed: int | None = None,
     ) -> None:
@@ -177,11 +174,7 @@ class Trainer:
         self._model = build_model(spec, seed)
         self._generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
         self._loss = nn.CrossEntropyLoss()
-        self._optimizer = (
-            torch.optim.SGD(self._model.parameters(), lr=self.learning_rate,
-                            momentum=self.momentum)
-            if self.momentum > 0 else None
-        )  # fmt: skip
+        self._local = LocalStep(self._model, self.learning_rate, self.momentum, momentum_kind)
         self._dp: DPSGD | None = None
         if dp_sgd is not None:
             config = RecordDP(*dp_sgd)
@@ -223,6 +216,15 @@ class Trainer:
         """Replace the parameters; ConfigError names a missing, extra or mis-shaped tensor."""
         load_arrays(self._model, arrays)
 
+    def finish_round(self, mixed: Mapping[str, np.ndarray]) -> None:
+        """End a round with its mixed model: :meth:`set_params`, then the momentum's update.
+
+        Quasi-global momentum takes the round's model change into m̂ here; the other
+        kinds only set the parameters.
+        """
+        self.set_params(mixed)
+        self._local.end_round(mixed)
+
     def shuffle_state(self) -> np.ndarray:
         """The state of the shuffling generator: a 1-D uint8 array (5,056 bytes on CPU).
 
@@ -244,19 +246,12 @@ class Trainer:
             raise ConfigError(f"not a shuffle state of this trainer ({exc})") from None
 
     def momentum_state(self) -> dict[str, np.ndarray]:
-        """Copies of the heavy-ball buffers v, float32, keyed by parameter name.
+        """Copies of the momentum buffers (v or m̂), float32, keyed by parameter name.
 
         Empty with ``momentum`` 0 or before the first step. With
         :meth:`set_momentum_state` a resumed job continues the same trajectory.
         """
-        if self._optimizer is None:
-            return {}
-        out = {}
-        for name, p in self._model.named_parameters():
-            buffer = self._optimizer.state.get(p, {}).get("momentum_buffer")
-            if buffer is not None:
-                out[name] = buffer.detach().numpy().astype(np.float32, copy=True)
-        return out
+        return self._local.state()
 
     def set_momentum_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Restore buffers from :meth:`momentum_state` (every parameter's, or none).
@@ -268,21 +263,8 @@ class Trainer:
             mis-shaped buffer.
 
         """
-        if not arrays:
-            return
-        if self._optimizer is None:
-            raise ConfigError("momentum buffers given, but this trainer has momentum 0")
-        named = dict(self._model.named_parameters())
-        if set(arrays) != set(named):
-            raise ConfigError(f"momentum buffers for {sorted(arrays)}, expected {sorted(named)}")
-        for name, p in named.items():
-            value = np.asarray(arrays[name], dtype=np.float32)
-            if value.shape != tuple(p.shape):
-                raise ConfigError(
-                    f"momentum buffer {name!r} has shape {value.shape}, expected {tuple(p.shape)}"
-                )
-            buffer = torch.from_numpy(value.copy())
-            self._optimizer.state[p]["momentum_buffer"] = buffer
+        if arrays:
+            self._local.load_state(arrays)
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         check_model_fit(x, y, self.spec)
@@ -307,13 +289,7 @@ class Trainer:
             loss = self._loss(self._model(xb), yb)
             loss.backward()
             value = float(loss.detach())
-        if self._optimizer is not None:
-            self._optimizer.step()
-        else:
-            with torch.no_grad():
-                for p in self._model.parameters():
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-self.learning_rate)
+        self._local.step()
         took = time.perf_counter() - start
         emulated = self.slowdown * max(took, self.step_time_s)
         if emulated > took:
@@ -372,6 +348,7 @@ class Trainer:
         self._model.train()
         per_epoch = math.ceil(len(yt) / self.batch_size)
         steps = self.steps(len(yt), work_fraction)
+        self._local.begin_round()
         start = time.perf_counter()
         total, seen, left = 0.0, 0, steps
         while left > 0:
@@ -421,9 +398,7 @@ class Trainer:
             seconds = time.perf_counter() - start
         finally:
             self.set_params(saved)
-            if self._optimizer is not None:  # measuring leaves no momentum behind
-                self._optimizer.state.clear()
-                self.set_momentum_state(velocity)
+            self._local.load_state(velocity)  # measuring leaves no momentum behind
         return samples / max(seconds, 1e-9)
 
     def save(self, path: Path) -> None:

@@ -99,6 +99,12 @@ class _Buffers:
             math.fsum(float(np.sum(b.astype(np.float64) ** 2)) for b in self._buffers.values())
         )
 
+    def copies(self) -> dict[str, np.ndarray]:
+        return {name: b.copy() for name, b in self._buffers.items()}
+
+    def replace(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._buffers = {name: np.array(a, dtype=np.float32) for name, a in arrays.items()}
+
 
 class LocalMomentum:
     """Heavy-ball local momentum (HB above) with its buffers kept across rounds.
@@ -200,6 +206,19 @@ class QuasiGlobalMomentum:
     def buffer_norm(self) -> float:
         """‖m̂‖ over all tensors (float64 sum), 0 before the first round."""
         return self._buffers.norm()
+
+    @property
+    def round_open(self) -> bool:
+        """Whether :meth:`begin_round` was called and :meth:`end_round` not yet."""
+        return bool(self._start)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Copies of m̂ (float32, keyed by tensor name); empty before the first step."""
+        return self._buffers.copies()
+
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Replace m̂ with copies of ``arrays`` (from :meth:`state`; a resumed job)."""
+        self._buffers.replace(arrays)
 
 
 class UpdateMomentum:

@@ -65,8 +65,9 @@ class JobSpec(TypedDict):
     ``dense_below`` sends tensors with fewer elements uncompressed (biases, norms; 0 or
     absent: none); ``byte_budget`` (bytes per message, 0 or absent: none) sets a top-k or
     random-k codec's density to the largest that fits; ``local_momentum`` is the
-    trainer's heavy-ball momentum β in [0, 1), its buffer kept across rounds (0 or
-    absent: plain SGD).
+    trainer's momentum β in [0, 1), its buffer kept across rounds (0 or absent: plain
+    SGD), applied as ``momentum_kind`` says: ``heavy-ball`` (the default) or
+    ``quasi-global`` (:mod:`edge_agent.local_step`).
 
     A spec without ``topology`` takes the fleet's default topology setting
     (``GET /topology``): its kind and those of its parameters (``topology_degree``,
@@ -95,6 +96,9 @@ class JobSpec(TypedDict):
     dense_below: NotRequired[int]
     byte_budget: NotRequired[int]
     local_momentum: NotRequired[float]  # heavy ball β of the local SGD, in [0, 1) [0: off]
+    # How local_momentum applies (issue 22): heavy ball on local gradients, or quasi-global
+    # momentum (Lin et al., ICML 2021) following the mixed model's change [heavy-ball].
+    momentum_kind: NotRequired[Literal["heavy-ball", "quasi-global"]]
     # Topology parameters (issue 4); absent: the defaults in brackets.
     topology_degree: NotRequired[int]  # random-regular degree, small-world k [4]
     topology_probability: NotRequired[float]  # erdos-renyi p, small-world rewiring [0.3]

@@ -149,6 +149,22 @@ def test_dpsgd_on_the_complete_graph_is_exact_averaging(tmp_path: Path) -> None:
     assert final["min_accuracy"] == pytest.approx(final["mean_accuracy"], abs=1e-9)
 
 
+def test_quasi_global_momentum_on_the_fleet_is_the_lockstep_algorithm(tmp_path: Path) -> None:
+    # Issue 22: the agents' quasi-global momentum (edge_agent/local_step.py) computes what
+    # the lockstep reference computes, round by round, and its m̂ moves (it is not HB).
+    config = LocalConfig(agents=4, rounds=5, topology="ring", consensus_step=0.8,
+                         momentum_kind="quasi-global", out=tmp_path / "run")  # fmt: skip
+
+    result = run_local(config)
+
+    assert result.report["config"]["momentum_kind"] == "quasi-global"
+    fleet = [r["mean_accuracy"] for r in result.report["rounds"]]
+    lockstep = run_lockstep(config)
+    np.testing.assert_allclose(fleet, lockstep.mean_accuracy, atol=1e-9)
+    heavy_ball = run_lockstep(LocalConfig(agents=4, rounds=5, topology="ring", consensus_step=0.8))
+    assert heavy_ball.mean_accuracy != lockstep.mean_accuracy
+
+
 def test_mosquitto_and_the_embedded_broker_reach_the_same_accuracy(
     tmp_path: Path, mosquitto_url: str
 ) -> None:

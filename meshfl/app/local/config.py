@@ -100,6 +100,7 @@ class LocalConfig:
     byte_budget: int = _DEFAULT["byte_budget"]
     learning_rate: float = _DEFAULT["learning_rate"]
     local_momentum: float = _DEFAULT["local_momentum"]
+    momentum_kind: str = _DEFAULT["momentum_kind"]
     batch_size: int = _DEFAULT["batch_size"]
     local_epochs: int = _DEFAULT["local_epochs"]
     round_deadline_s: float = _DEFAULT["round_deadline_s"]

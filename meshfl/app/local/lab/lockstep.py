@@ -150,6 +150,7 @@ def run_lockstep(
             batch_size=config.batch_size,
             local_epochs=config.local_epochs,
             momentum=config.local_momentum,
+            momentum_kind=config.momentum_kind,
         )
         for i in range(n)
     ]
@@ -202,7 +203,7 @@ def run_lockstep(
                 algorithms[i].incoming(ids[j], messages[j])
         for i, trainer in enumerate(trainers):
             answered = {ids[j] for j in mixing.neighbours(i)}
-            trainer.set_params(algorithms[i].mix(params[i], answered))
+            trainer.finish_round(algorithms[i].mix(params[i], answered))
         accuracy = [t.evaluate(split.x_test, split.y_test)[0] for t in trainers]
         result.mean_accuracy.append(float(np.mean(accuracy)))
         result.min_accuracy.append(float(np.min(accuracy)))
