@@ -123,8 +123,7 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               "Momentum β in [0, 1) of the local SGD, kept across rounds (--momentum-kind).",
               check=lambda v: math.isfinite(v) and 0 <= v < 1, rule="in [0, 1)"),
     JobOption("momentum_kind", str, "heavy-ball",
-              "How --local-momentum applies: heavy-ball, or quasi-global (QG-DSGDm:"
-              " the buffer follows the mixed model's change, not local gradients).",
+              "heavy-ball or quasi-global (QG-DSGDm): how --local-momentum applies.",
               check=lambda v: v in ("heavy-ball", "quasi-global"),
               rule="heavy-ball or quasi-global"),
     JobOption("batch_size", int, 32, "Minibatch size.",

@@ -37,7 +37,7 @@ def test_the_reference_is_the_agents_trainer_on_the_union_of_the_devices_data(
     trainer.train(x[:80], y[:80])
     expected = round(float(trainer.evaluate(x[80:], y[80:])[0]), 4)
     assert got == {"accuracy": expected, "epochs": 4, "samples": 80, "learning_rate": 0.1,
-                   "batch_size": 8, "momentum": 0.9}  # fmt: skip
+                   "batch_size": 8, "momentum": 0.9, "momentum_kind": "heavy-ball"}  # fmt: skip
 
 
 def test_a_reference_too_costly_for_a_local_run_is_skipped_saying_why(
@@ -60,7 +60,7 @@ def test_in_the_background_it_gives_the_result_or_why_not_and_never_raises(
     wait = start_pooled_reference(spec, [Path(f) for f in files], Path(test), None, tmp_path)
     result = wait()
     assert set(result) == {"accuracy", "epochs", "samples", "learning_rate", "batch_size",
-                           "momentum"}  # fmt: skip
+                           "momentum", "momentum_kind"}  # fmt: skip
     assert result["epochs"] == 2 and 0.0 <= result["accuracy"] <= 1.0
     missing = start_pooled_reference(spec, [tmp_path / "gone.npz"], Path(test), None, tmp_path)
     why = missing()["skipped"]

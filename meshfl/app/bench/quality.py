@@ -177,7 +177,7 @@ def print_row(row: dict[str, Any], budget: int | None) -> None:
             and (row["final_min"] or 0) >= 0.93
             and row["upload_total"] <= budget
         )
-        meets = " **yes**" if ok else " no"
+        meets = " **yes** |" if ok else " no |"
     rounds = " / ".join(_fmt(row[f"round_{t:.2f}"], ".0f") for t in TARGETS)
     kbytes = " / ".join(
         _fmt(
@@ -196,6 +196,14 @@ def print_row(row: dict[str, Any], budget: int | None) -> None:
 
 ALGORITHMS = ("fedavg", "choco", "efavg", "pga", "epidemic", "tracking")
 
+LEGEND = (
+    "labels: algorithm, topology (epidemic: s= peers a round), codec, γ consensus step;"
+    " H= global-averaging period (pga); hbβ heavy-ball and qgmβ quasi-global local"
+    " momentum β; umβ momentum on the mixed update (SlowMo), αX its outer step;"
+    " samples: weights by sample count"
+)
+"""The table's abbreviations, printed above it."""
+
 
 def parse_seeds(text: str) -> list[int]:
     """``"0,1,2"`` → ``[0, 1, 2]``; ConfigError (one line) for anything else or nothing."""
@@ -208,12 +216,20 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def parse_only(text: str) -> set[str]:
-    """The algorithms ``--only`` keeps; ConfigError naming an unknown one."""
-    keep = {s.strip() for s in text.split(",") if s.strip()}
-    if not keep <= set(ALGORITHMS):
+def parse_only(text: str) -> list[str]:
+    """The algorithms ``--only`` keeps, in the order given, once each.
+
+    Raises
+    ------
+    ConfigError
+        Naming each algorithm that is not one of :data:`ALGORITHMS`.
+
+    """
+    keep = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [a for a in keep if a not in ALGORITHMS]
+    if unknown:
         raise ConfigError(
-            f"--only {', '.join(sorted(keep - set(ALGORITHMS)))} is not an algorithm; "
+            f"--only {', '.join(unknown)} is not an algorithm; "
             f"use some of {', '.join(sorted(ALGORITHMS))}"
         )
     return keep
@@ -222,7 +238,7 @@ def parse_only(text: str) -> set[str]:
 def main(
     workload_name: str,
     seeds: list[int],
-    only: set[str],
+    only: list[str],
     full: bool,
     rounds: int | None,
     out: Path,
@@ -253,18 +269,21 @@ def main(
         f"command: meshfl bench quality --workload {workload_name}"
         f" --seeds {','.join(map(str, seeds))}"
         + (f" --rounds {rounds}" if rounds is not None else "")
-        + (f" --only {','.join(sorted(only))}" if only else "")
+        + (f" --only {','.join(only)}" if only else "")
         + (" --full" if full else "")
     )
     print(f"machine: {describe()}")
     pooled = [pooled_accuracy(workload, s)[-1] for s in seeds]
+    median = f" (median {statistics.median(pooled):.4f})" if len(pooled) > 1 else ""
     print(
         f"pooled training ({workload.rounds} epochs, same model and SGD): "
-        f"{' / '.join(f'{a:.4f}' for a in pooled)} (median {statistics.median(pooled):.4f})"
+        f"{' / '.join(f'{a:.4f}' for a in pooled)}{median}"
     )
+    print(LEGEND)
+    target = " meets W1 target (mean ≥ 0.95, min ≥ 0.93, ≤ 237,024 B) |"
     print(
         "\n| candidate | mean acc | min acc | round to 80/85/90 % | kB up to 80/85/90 % |"
-        " bytes up (all devices) | consensus dist |" + (" meets W1 target |" if budget else "")
+        " bytes up (all devices) | consensus dist |" + (target if budget else "")
     )
     print("|---|---|---|---|---|---|---|" + ("---|" if budget else ""))
     rows = []
@@ -273,7 +292,9 @@ def main(
         row = summarize(cand.label, [run_candidate(cand, workload, s) for s in seeds])
         rows.append(row)
         print_row(row, budget)
-    print(f"\n{len(sweep)} candidates × {len(seeds)} seeds in {time.perf_counter() - start:.0f} s")
+    seconds = time.perf_counter() - start
+    plural = "s" if len(seeds) > 1 else ""
+    print(f"\n{len(sweep)} candidates × {len(seeds)} seed{plural} in {seconds:.0f} s")
     path = out / f"quality-{workload_name}.json"
     path.write_text(
         json.dumps(

@@ -83,7 +83,7 @@ def quality(
     ] = None,
     out: Out = Path("meshfl-bench"),
 ) -> None:
-    """Lockstep sweep of algorithm × topology × codec: accuracy, rounds and bytes to 80/85/90 %."""
+    """Lockstep sweep of algorithm × topology × codec × momentum: accuracy, rounds, bytes."""
     from meshfl.app.bench.quality import main, parse_only, parse_seeds
 
     seed_list, keep = parse_seeds(seeds), parse_only(only)

@@ -238,8 +238,10 @@ def _summary(console: Any, result: LocalRun, total_s: float, dp_delta: float) ->
     pooled = final.get("pooled_reference") or {}
     if "accuracy" in pooled:
         console.print(
-            f"pooled reference {pooled['accuracy']:.4f}: the same model and optimizer trained"
-            f" centrally on all {pooled['samples']:,} training samples, {pooled['epochs']} epochs"
+            f"pooled reference {pooled['accuracy']:.4f}: the same model trained centrally on all"
+            f" {pooled['samples']:,} training samples for {pooled['epochs']} epochs (SGD,"
+            f" learning rate {pooled['learning_rate']:g},"
+            f" heavy-ball momentum {pooled['momentum']:g})"
         )
     if result.report.get("brokers") is not None:
         from meshfl.app.local.bridged import brokers_line

@@ -3,7 +3,8 @@
 Issue 22's promise is that decentralized, compressed, private learning ends where pooled
 training ends. ``meshfl local`` has every device's data on this machine, so it can say
 how far the fleet got from that reference: the same model (the job's seed), learning
-rate, batch size and local momentum, trained with plain minibatch steps on the union of
+rate, batch size and local momentum β (as heavy ball, the centralized optimizer, even
+where the job runs quasi-global momentum), trained with minibatch steps on the union of
 the devices' training files for ``rounds × local_epochs`` epochs (the fleet passes over
 all training data once a round), evaluated on the same test set. The reference is not
 private (no DP-SGD, no noise) whatever the job's privacy options: it is what the data
@@ -47,7 +48,9 @@ def pooled_reference(
     """Train ``model`` on the union of ``train_files`` and evaluate it on ``test_file``.
 
     Returns ``{"accuracy", "epochs", "samples", "learning_rate", "batch_size",
-    "momentum"}`` (accuracy on the test set, a float in [0, 1]); or ``{"skipped": why}``
+    "momentum", "momentum_kind"}`` (accuracy on the test set, a float in [0, 1]; the
+    momentum is heavy ball, the centralized optimizer, whatever the job's kind); or
+    ``{"skipped": why}``
     when samples × epochs exceeds :data:`MAX_SAMPLE_EPOCHS`. Uses the agents' own
     :class:`edge_agent.trainer.Trainer`, so the steps are the agents' steps.
     """
@@ -75,6 +78,7 @@ def pooled_reference(
         "learning_rate": learning_rate,
         "batch_size": batch_size,
         "momentum": momentum,
+        "momentum_kind": "heavy-ball",
     }
 
 
