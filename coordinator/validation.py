@@ -141,6 +141,8 @@ def validate_spec(spec: JobSpec) -> None:
     beta = spec_value(spec, "local_momentum")
     if isinstance(beta, bool) or not (math.isfinite(beta) and 0 <= beta < 1):
         raise ConfigError(f"spec.local_momentum = {beta!r} must be a number in [0, 1) (0: off)")
+    if beta == 0 and spec_value(spec, "momentum_kind") == "quasi-global":
+        raise ConfigError("spec.momentum_kind quasi-global needs spec.local_momentum > 0 (its β)")
     for field in ("dense_below", "byte_budget"):
         value = spec.get(field, 0)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31:

@@ -78,7 +78,8 @@ def load_arrays(module: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
             )
     with torch.no_grad():
         for name, tensor in state.items():
-            value = np.ascontiguousarray(arrays[name])
+            # ascontiguousarray makes a 0-d array 1-d (BatchNorm's num_batches_tracked)
+            value = np.ascontiguousarray(arrays[name]).reshape(tuple(tensor.shape))
             tensor.copy_(torch.from_numpy(value).to(tensor.dtype))
 
 

@@ -41,7 +41,12 @@ def test_a_two_round_sweep_prints_and_writes_the_rows(
         (["--seeds", "x"], "--seeds must be integers"),
         (["--seeds", ","], "--seeds is empty"),
         (["--only", "gossip"], "gossip is not an algorithm"),
-        (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--rounds", "0"], "--rounds must be in [1, 10,000] (got 0)"),
+        (["--rounds", "99999999999999999999"], "--rounds must be in [1, 10,000]"),
+        (["--seeds", "99999999999999999999999"], "is out of range; a model seed is in [0, 2^32)"),
+        (["--seeds", "-1"], "--seeds -1 is out of range"),
+        (["--seeds", "0,1,0"], "--seeds repeats 0; give distinct seeds"),
+        (["--only", ",, "], "names no algorithm"),
         (["--workload", "W9"], "unknown workload 'W9'; use W1 or W2"),
     ],
 )

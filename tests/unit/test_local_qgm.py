@@ -118,3 +118,29 @@ def test_the_job_option_travels_in_the_spec_and_the_coordinator_checks_it(
     assert body.validate_python(spec)["momentum_kind"] == "quasi-global"
     with pytest.raises(ValidationError, match="momentum_kind"):
         body.validate_python({**spec, "momentum_kind": "nesterov"})
+
+
+def test_quasi_global_without_a_beta_is_refused_on_both_paths(tmp_path: Path) -> None:
+    from meshfl.app.local.validation import validate
+    from models.builtin import load_split
+    from models.datasets import dirichlet_partition, write_partition
+
+    with pytest.raises(ConfigError, match=r"--momentum-kind quasi-global needs --local-mom"):
+        validate(LocalConfig(momentum_kind="quasi-global", local_momentum=0.0))
+    split = load_split("digits", 0)
+    _, test = write_partition(tmp_path, split, dirichlet_partition(split.y_train, 2, 0.5, 0))
+    spec = job_spec(LocalConfig(agents=2, momentum_kind="quasi-global"), test)
+    with pytest.raises(ConfigError, match=r"quasi-global needs spec\.local_momentum > 0"):
+        validate_spec({**spec, "local_momentum": 0.0})
+
+
+def test_record_dp_zeroes_a_default_heavy_ball_but_keeps_a_chosen_quasi_global_beta() -> None:
+    from meshfl.app.cli.options import privacy_defaults
+
+    base = {"secure_aggregation": 0, "dp_noise_multiplier": 1.0, "dp_unit": "record",
+            "codec": "sign", "local_momentum": 0.9, "keyframe_growth": 1.5}  # fmt: skip
+    heavy = {**base, "momentum_kind": "heavy-ball"}
+    quasi = {**base, "momentum_kind": "quasi-global"}
+    privacy_defaults(heavy)
+    privacy_defaults(quasi)
+    assert (heavy["local_momentum"], quasi["local_momentum"]) == (0.0, 0.9)

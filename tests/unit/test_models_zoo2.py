@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from meshfl.app.cli import app
 from meshfl.errors import ConfigError
 from meshfl.modelspec import from_options, layout, layout_hash, parameter_count
-from models.arrays import spec_hash, to_arrays
+from models.arrays import load_arrays, spec_hash, to_arrays
 from models.zoo import MODELS, build_model
 
 # Several specs per zoo model: W1/W2 sizes, other widths, non-square and colour images.
@@ -290,6 +290,31 @@ def test_a_batchnorm_user_model_is_checked_without_touching_its_running_stats(us
     stats = to_arrays(model)
     assert stats["1.running_mean"].tolist() == [0.0] * 8  # the dummy batch ran in eval mode
     assert int(stats["1.num_batches_tracked"]) == 0
+
+
+def test_a_zero_dimensional_buffer_loads_back_with_its_shape(user_models):
+    # np.ascontiguousarray makes a 0-d array 1-d: the agent's throughput probe restores
+    # the model's state_dict, BatchNorm's num_batches_tracked included, and crashed on it.
+    model = build_model(_custom(f"{user_models}:make_with_batchnorm"), seed=0)
+    arrays = to_arrays(model)
+    arrays["1.num_batches_tracked"] = np.array(7)
+    load_arrays(model, arrays)
+    assert (
+        model.state_dict()["1.num_batches_tracked"].shape == ()
+        and int(model.state_dict()["1.num_batches_tracked"]) == 7
+    )
+
+
+def test_meshfl_local_refuses_a_model_with_a_non_float_tensor_before_any_agent(
+    user_models, tmp_path
+):
+    from meshfl.app.local.config import LocalConfig
+    from meshfl.app.local.jobspec import model_spec
+    from meshfl.errors import ConfigError
+
+    config = LocalConfig(model=f"{user_models}:make_with_batchnorm", out=tmp_path)
+    with pytest.raises(ConfigError, match=r"'1\.num_batches_tracked' has dtype int64; every"):
+        model_spec(config, 64, 10)
 
 
 def test_model_spec_cli_prints_the_hash_the_agent_computes(user_models):

@@ -92,6 +92,18 @@ def test_a_failed_call_names_its_error(zygote: Zygote, tmp_path: Path) -> None:
         zygote.call("no_such_module:f", {}, tmp_path / "e.log", timeout_s=60)
 
 
+def test_a_call_whose_log_cannot_be_written_fails_as_a_meshfl_error(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    # A run's logs folder that became unwritable: the child cannot open its log, and the
+    # launcher then reads no log either; meshfl local must go on (report_section falls
+    # back), so this is a MeshflError, never an OSError.
+    from meshfl.errors import MeshflError
+
+    with pytest.raises(MeshflError, match=r"json:loads failed .* is unreadable"):
+        zygote.call("json:loads", {"s": "1"}, tmp_path / "gone" / "x.log", timeout_s=60)
+
+
 def test_every_preloaded_module_exists() -> None:
     # The zygote skips a module that does not import (an extra not installed) with one
     # line in its log; a renamed module would silently cost every forked agent its import.

@@ -195,6 +195,8 @@ def print_row(row: dict[str, Any], budget: int | None) -> None:
 
 
 ALGORITHMS = ("fedavg", "choco", "efavg", "pga", "epidemic", "tracking")
+MAX_ROUNDS = 10_000
+"""Most rounds a sweep runs (W1 30, W2 60; 10,000 W1 rounds take hours per candidate)."""
 
 LEGEND = (
     "labels: algorithm, topology (epidemic: s= peers a round), codec, γ consensus step;"
@@ -213,6 +215,12 @@ def parse_seeds(text: str) -> list[int]:
         raise ConfigError(f"--seeds must be integers like 0,1,2 (got {text!r})") from None
     if not seeds:
         raise ConfigError("--seeds is empty; give e.g. 0,1,2")
+    bad = [s for s in seeds if not 0 <= s < 2**32]
+    if bad:
+        raise ConfigError(f"--seeds {bad[0]} is out of range; a model seed is in [0, 2^32)")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"--seeds repeats {repeated[0]}; give distinct seeds, e.g. 0,1,2")
     return seeds
 
 
@@ -226,6 +234,8 @@ def parse_only(text: str) -> list[str]:
 
     """
     keep = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if text and not keep:
+        raise ConfigError(f"--only {text!r} names no algorithm; give e.g. choco,efavg or drop it")
     unknown = [a for a in keep if a not in ALGORITHMS]
     if unknown:
         raise ConfigError(
@@ -248,11 +258,11 @@ def main(
     Raises
     ------
     ConfigError
-        For an unknown workload, or ``rounds`` < 1.
+        For an unknown workload, or ``rounds`` outside [1, :data:`MAX_ROUNDS`].
 
     """
-    if rounds is not None and rounds < 1:
-        raise ConfigError(f"--rounds must be >= 1 (got {rounds})")
+    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
+        raise ConfigError(f"--rounds must be in [1, {MAX_ROUNDS:,}] (got {rounds})")
     workload = load_workload(workload_name)
     torch.set_num_threads(1)
     if rounds is not None:

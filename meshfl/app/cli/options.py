@@ -63,7 +63,8 @@ def privacy_defaults(job: dict[str, Any]) -> str:
     it or with DP, keyframes left at the default turn off (a keyframe is an unmasked
     model). With record-level DP (DP-SGD), a codec and a local momentum left at their
     defaults become identity and 0: on W1 at ε = 8 the defaults reach 0.39, identity
-    without momentum 0.861 (BENCHMARKS.md, record-level DP). Options the user gave
+    without momentum 0.861 (BENCHMARKS.md, record-level DP); a quasi-global momentum
+    keeps its β (the user chose it). Options the user gave
     explicitly are kept (and refused with the reason if they cannot work). ``job`` maps
     ``JobSpec`` fields to values and is changed in place. Returns a note saying what
     changed (``""`` when nothing did).
@@ -82,7 +83,8 @@ def privacy_defaults(job: dict[str, Any]) -> str:
         job["codec"] = RECORD_DP_CODEC
         changed.append(f"codec {RECORD_DP_CODEC} ({codec} loses DP-SGD's small steps)")
     momentum = LAUNCHER_DEFAULTS["local_momentum"]
-    if record and job.get("local_momentum") == momentum:
+    heavy_ball = job.get("momentum_kind", "heavy-ball") == "heavy-ball"
+    if record and heavy_ball and job.get("local_momentum") == momentum:
         job["local_momentum"] = 0.0
         changed.append(f"local momentum 0 ({momentum} lengthens the noised steps)")
     if (secure or dp) and job["keyframe_growth"] == LAUNCHER_DEFAULTS["keyframe_growth"]:

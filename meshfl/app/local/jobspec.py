@@ -86,10 +86,19 @@ def model_spec(config: LocalConfig, input_dim: int, classes: int) -> ModelSpec:
         kwargs=config.model_kwargs,
     )
     if is_custom(spec):  # the coordinator cannot hash it: the spec must carry its hash
-        from models.arrays import spec_hash
+        from models.arrays import spec_hash, to_arrays
         from models.zoo import build_model
 
-        spec["hash"] = spec_hash(build_model(spec, config.seed))
+        model = build_model(spec, config.seed)
+        # What every agent would decline the job for, refused before it starts.
+        for name, array in to_arrays(model).items():
+            if not np.issubdtype(array.dtype, np.floating):
+                raise ConfigError(
+                    f"--model {config.model}: tensor {name!r} has dtype {array.dtype}; every"
+                    " tensor of the state_dict travels as float32 (BatchNorm counts batches"
+                    " in int64: use track_running_stats=False, GroupNorm or LayerNorm)"
+                )
+        spec["hash"] = spec_hash(model)
     return spec
 
 

@@ -70,6 +70,11 @@ def validate(config: LocalConfig) -> None:
         )
     if config.algorithm == "dpsgd" and parse_codec(config.codec).spec not in ("identity",):
         raise ConfigError("--algorithm dpsgd sends whole models: use --codec identity")
+    if config.momentum_kind == "quasi-global" and config.local_momentum == 0:
+        raise ConfigError(
+            "--momentum-kind quasi-global needs --local-momentum > 0 (β of its buffer);"
+            " with 0 the steps are plain SGD"
+        )
     _validate_dashboard(config)
 
 

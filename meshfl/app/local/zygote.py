@@ -232,8 +232,13 @@ class Zygote:
             child.wait()
             raise MeshflError(f"{target} did not finish within {timeout_s:.0f} s") from None
         if code != 0 or not result.is_file():
-            lines = log_path.read_text(errors="replace").strip().splitlines() or ["(no output)"]
-            raise MeshflError(f"{target} failed (exit code {code}): {lines[-1]}")
+            try:
+                lines = log_path.read_text(errors="replace").strip().splitlines()
+            except OSError as exc:  # e.g. the run's logs folder became unwritable
+                lines = [f"(its log {log_path} is unreadable: {exc.strerror})"]
+            raise MeshflError(
+                f"{target} failed (exit code {code}): {(lines or ['(no output)'])[-1]}"
+            )
         return json.loads(result.read_text())
 
     def _connect(self) -> socket.socket:
