@@ -148,9 +148,10 @@ class MqttTransport(Transport):
     def connect(self, client_id: str, will: Message | None = None) -> None:
         """Connect as ``client_id``; see :meth:`Transport.connect`.
 
-        The will is always published retained. A refused login is tried once more after
-        :data:`LOGIN_RETRY_S` seconds: a login added a moment ago (enrolment) may not be
-        loaded by the broker yet (Mosquitto reloads its password file on SIGHUP).
+        The will is always published retained. A refused login, or a failed TLS handshake,
+        is tried once more after :data:`LOGIN_RETRY_S` seconds: a login added a moment ago
+        (enrolment) may not be loaded by the broker yet, and Mosquitto resets the TLS
+        handshakes under way while it reloads (on SIGHUP, after each new login).
 
         Raises
         ------
@@ -167,10 +168,13 @@ class MqttTransport(Transport):
             raise TransportError(f"already connected to {self._where}; call close() first")
         try:
             self._connect_once(client_id, will)
-        except ConfigError:
-            if self._refused not in BAD_LOGIN or not self._username:
+        except (ConfigError, TransportError) as exc:
+            login = isinstance(exc, ConfigError) and self._refused in BAD_LOGIN and self._username
+            reset = not isinstance(exc, (ConfigError, BrokerUnreachable))  # e.g. TLS reset
+            handshake = reset and self._tls is not None
+            if not (login or handshake):
                 raise
-            log.info("login refused by %s; retrying in %g s", self._where, LOGIN_RETRY_S)
+            log.info("%s: %s; retrying in %g s", self._where, exc, LOGIN_RETRY_S)
             time.sleep(LOGIN_RETRY_S)
             self._connect_once(client_id, will)
 

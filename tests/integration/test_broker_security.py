@@ -435,3 +435,5 @@ def test_coordinator_serve_creates_and_revokes_broker_logins(
     finally:
         serve.kill()
         serve.wait(10)
+        if serve.stdout is not None:  # a failed test must not leave the pipe to the GC
+            serve.stdout.close()

@@ -194,3 +194,40 @@ def test_a_failing_message_handler_is_counted_on_the_bus() -> None:
     assert bus.drain()
 
     assert got == [b"0", b"1", b"2"] and sub.callback_errors == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "attempts"),
+    [
+        ("mqtts://127.0.0.1:8883", "TLS handshake ... failed (Connection reset by peer)", 2),
+        ("mqtt://127.0.0.1:1883", "connection reset", 1),  # no TLS: no reload race to ride
+        ("mqtts://127.0.0.1:8883", "unreachable", 1),  # nothing there: no second wait
+    ],
+)
+def test_a_tls_handshake_reset_is_tried_once_more_and_nothing_else_is(
+    monkeypatch: pytest.MonkeyPatch, url: str, error: str, attempts: int
+) -> None:
+    # Mosquitto resets the TLS handshakes under way while it reloads on SIGHUP, which the
+    # coordinator sends after adding each enrolled device's login (the loop of 2026-12-07
+    # caught one: tests/integration/test_broker_security.py).
+    from edge_agent.transport import mqtt
+    from meshfl.errors import BrokerUnreachable, TransportError
+
+    calls: list[str] = []
+    failure = BrokerUnreachable(error) if error == "unreachable" else TransportError(error)
+
+    def connect_once(self: MqttTransport, client_id: str, will: object) -> None:
+        calls.append(client_id)
+        if len(calls) == 1:
+            raise failure
+
+    monkeypatch.setattr(MqttTransport, "_connect_once", connect_once)
+    monkeypatch.setattr(mqtt.time, "sleep", lambda s: calls.append(f"sleep {s}"))
+    transport = MqttTransport(url)
+    if attempts == 1:
+        with pytest.raises(type(failure)):
+            transport.connect("dev-1")
+        assert calls == ["dev-1"]
+    else:
+        transport.connect("dev-1")
+        assert calls == ["dev-1", f"sleep {mqtt.LOGIN_RETRY_S}", "dev-1"]
