@@ -59,11 +59,12 @@ else
   rm -f "$mypy_log"
   [ "$mypy_ok" -eq 0 ]
   # The integration and end-to-end tests start brokers and fleets of processes on free
-  # ports, each in its own tmp_path (PostgreSQL ones in a scratch schema); a third of their
-  # time is waiting (deadlines, keepalives, restarts), so two at a time take 6 instead of
-  # 11 minutes. A module's tests stay on one worker (--dist loadscope): its module
+  # ports, each in its own tmp_path (PostgreSQL ones in a scratch schema); with two at a
+  # time the two cores were idle about half of the time (deadlines, keepalives, restarts,
+  # slowed agents sleeping), so three run at once: 4.6 instead of 7 minutes on a 2-core
+  # VM (BENCHMARKS.md). A module's tests stay on one worker (--dist loadscope): its module
   # fixtures run once. The end-to-end modules, the longest, go first; the short MQTT ones
   # fill the end.
-  pytest -q -p no:cacheprovider -n 2 --dist loadscope --durations=25 -m "not fuzz" \
+  pytest -q -p no:cacheprovider -n 3 --dist loadscope --durations=25 -m "not fuzz" \
     tests/e2e tests/integration
 fi

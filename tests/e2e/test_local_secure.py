@@ -288,8 +288,9 @@ def test_no_secret_appears_in_any_log_the_report_or_the_output(secure_run: Secur
     logs = [*sorted((out / "logs").iterdir()), out / "broker" / "mosquitto.log"]
     for path in [*logs, out / "report.json"]:
         texts[str(path.relative_to(out))] = path.read_text(errors="replace")
-    # coordinator, agents, the agents' zygote, the ONNX check (a child of it), broker
-    assert len(logs) == 1 + 4 + 1 + 1 + 1, logs
+    # coordinator, agents, the agents' zygote, the ONNX check and the pooled reference
+    # (children of it), broker
+    assert len(logs) == 1 + 4 + 1 + 1 + 1 + 1, logs
 
     leaks = {name: found for name, text in texts.items() if (found := secrets_.leaks(text))}
     assert leaks == {}

@@ -8,7 +8,9 @@ where the job runs quasi-global momentum), trained with minibatch steps on the u
 the devices' training files for ``rounds × local_epochs`` epochs (the fleet passes over
 all training data once a round), evaluated on the same test set. The reference is not
 private (no DP-SGD, no noise) whatever the job's privacy options: it is what the data
-allows without any of meshfl's constraints.
+allows without any of meshfl's constraints. The launcher computes it from the data
+files it wrote itself; nothing from the devices enters it, so a private job's report
+carries it too (its consensus model, built from the devices' models, it does not).
 
 It is trained only when it is cheap: at most :data:`MAX_SAMPLE_EPOCHS` training samples
 × epochs (W1: 1,437 × 30 = 43,110, about a second of CPU). It runs in a child of the
