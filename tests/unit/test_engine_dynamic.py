@@ -290,7 +290,11 @@ def test_a_sequence_gap_triggers_a_keyframe_request() -> None:
     fleet.run(rounds(5, 7))
     assert dropped == [1]
     assert sum(e.stats.gaps for e in fleet.engines) >= 1
-    assert sum(e.stats.resent for e in fleet.engines) == 0
+    # dev-1 could re-send nothing: its keyframe repaired the gap. (The others may re-send
+    # a message of theirs that a loaded machine delivered after the repair deadline, on a
+    # neighbour's request: 2 such re-sends failed a loop run that asserted none at all.)
+    assert fleet.engines[1].stats.resent == 0
+    assert fleet.engines[1].stats.keyframes_sent >= 1
     _replicas_agree(fleet.engines, fleet.ids)
     assert all(e.need == frozenset() for e in fleet.engines)
 
