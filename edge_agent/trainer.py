@@ -36,7 +36,7 @@ from models.arrays import load_arrays, spec_hash, to_arrays
 from models.data import check_model_fit
 from models.zoo import build_model
 
-__all__ = ["TrainResult", "Trainer", "accelerator_name", "check_momentum"]
+__all__ = ["TrainResult", "Trainer", "accelerator_name"]
 
 _EVAL_CHUNK = 4096  # samples per forward pass in evaluate()
 
@@ -161,7 +161,7 @@ class Trainer:
     ) -> None:
         self.slowdown = _check_slowdown(slowdown)
         self.step_time_s = _check_step_time(step_time_s)
-        self.momentum = check_momentum(momentum)
+        check_momentum(momentum)  # refused before the model is built
         _positive("learning rate", learning_rate, integer=False)
         _positive("batch size", batch_size, integer=True)
         _positive("local epochs", local_epochs, integer=True)
@@ -174,11 +174,16 @@ class Trainer:
         self._model = build_model(spec, seed)
         self._generator = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
         self._loss = nn.CrossEntropyLoss()
-        self._local = LocalStep(self._model, self.learning_rate, self.momentum, momentum_kind)
+        self._local = LocalStep(self._model, self.learning_rate, momentum, momentum_kind)
         self._dp: DPSGD | None = None
         if dp_sgd is not None:
             config = RecordDP(*dp_sgd)
             self._dp = DPSGD(self._model, self._loss, config, batch_size, dp_seed)
+
+    @property
+    def momentum(self) -> float:
+        """The local momentum β in [0, 1) (0: plain SGD), as :class:`LocalStep` holds it."""
+        return self._local.momentum
 
     @property
     def record_dp(self) -> RecordDP | None:
