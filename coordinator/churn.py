@@ -92,6 +92,15 @@ def _event(
     )
 
 
+def _left(session: Session, job: Job, device_id: str, start: int, end: int, reason: str) -> str:
+    """A departed participant's ``final["error"]``: from which round, and why."""
+    if start < end:
+        return f"left at round {start}: {reason}"[:500]
+    latest = store.latest_reports(session, job, device_id, since_round=1, limit=1)
+    last = f"round {latest[0].round}" if latest else "none"
+    return f"left at the job's end (its last report: {last}): {reason}"[:500]
+
+
 def _mean_degree(graph: Graph) -> int:
     return max(1, round(2 * len(graph.edges) / graph.n))
 
@@ -123,7 +132,9 @@ def replan(
         :class:`~meshfl.contract.DevicePlan`. A device already taking part is skipped.
     remove : mapping of device id to reason, optional
         Participants that leave: ``left_round = from_round`` and, unless already done,
-        ``done`` with ``final = {"error": "left at round R: <reason>"}``. A device not in
+        ``done`` with ``final = {"error": "left at round R: <reason>"}``. A change found
+        after the job's last round applies from ``rounds + 1`` ("left at the job's end",
+        naming the device's last reported round). A device not in
         the current version is skipped. When the last device leaves, the job stops.
     rejoin : sequence of Device, optional
         Former participants taken back (see :func:`may_rejoin`, checked by the caller):
@@ -170,14 +181,16 @@ def _apply(
     events: list[TopologyEvent] = list(topo.get("events", []))
     plans = dict(topo.get("plan", {}))
     one_peer = topo["kind"] == "one-peer-exponential"
-    start = next_from_round(session, job)
+    end = int(spec["rounds"]) + 1  # a change found after the last round applies "after it"
+    start = min(next_from_round(session, job), end)
     for device_id, reason in remove.items():
         row = rows.get(device_id)
         if row is None or row.left_round is not None or device_id not in devices:
             continue
         row.left_round = start
         if not row.done:
-            row.done, row.final = True, {"error": f"left at round {start}: {reason}"[:500]}
+            why = _left(session, job, device_id, start, end, reason)
+            row.done, row.final = True, {"error": why}
         version += 1
         events.append(_event(version, start, "leave", device_id, reason, now))
         if len(devices) == 1:  # never an empty graph: the job stops with its last device

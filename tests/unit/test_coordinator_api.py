@@ -764,8 +764,10 @@ def test_a_silent_device_leaves_once_the_others_finished(
     assert before["status"] == "running"
     assert (after["status"], after["finished_at"]) == ("completed", last_heard + 11.0)
     lost = after["devices"][2]
-    assert lost["missing_rounds"] == [2] and lost["done"] and lost["left_round"] == 4
-    assert lost["error"].startswith("left at round 4: silent for 11 s after the others")
+    assert lost["missing_rounds"] == [2] and lost["done"] and lost["left_round"] == 3
+    assert lost["error"].startswith(
+        "left at the job's end (its last report: round 1): silent for 11 s after the others"
+    )
     assert told.status_code == 204  # it left: an ended job has nothing more for it
 
 
