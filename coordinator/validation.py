@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+import numpy as np
+
 from coordinator.planning import custom_graph
 from meshfl.aggregation.privacy import PrivacyOptions
 from meshfl.codecs import parse_codec
@@ -369,7 +371,7 @@ def validate_metrics(metrics: RoundMetrics, spec: JobSpec) -> None:
         raise ConfigError(
             f"sketch has {len(sketch)} entries but the job's sketch_dim is {spec['sketch_dim']}"
         )
-    if not all(math.isfinite(v) and abs(v) < 1e30 for v in sketch):
+    if not bool((np.abs(np.asarray(sketch, dtype=np.float64)) < 1e30).all()):  # NaN: False
         raise ConfigError("sketch holds non-finite or absurd values")
     ledger = metrics.get("ledger")
     if ledger is not None:

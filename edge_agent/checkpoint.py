@@ -95,6 +95,8 @@ class Checkpoint:
     (1-D uint8); ``momentum`` its heavy-ball buffers by tensor name (None: no local
     momentum). ``sequence`` is the engine's last published sequence number;
     ``epsilon`` the DP budget spent (None: not a DP job); ``written_at`` unix seconds.
+    ``reports_json``: the same ``reports``, each already JSON-encoded (a writer that keeps
+    them across rounds encodes each report once, not once a round; empty: encoded here).
     """
 
     job_id: str
@@ -111,6 +113,7 @@ class Checkpoint:
     delivery: dict[str, Any] = field(default_factory=dict)
     reports: list[dict[str, Any]] = field(default_factory=list)
     momentum: dict[str, np.ndarray] | None = None
+    reports_json: tuple[str, ...] = ()
 
     @property
     def first_sequence(self) -> int:
@@ -280,10 +283,11 @@ def _arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         "epsilon": checkpoint.epsilon,
         "written_at": checkpoint.written_at or time.time(),
         "delivery": checkpoint.delivery,
-        "reports": checkpoint.reports,
         "momentum": checkpoint.momentum is not None,
     }
-    arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+    reports = checkpoint.reports_json or tuple(json.dumps(r) for r in checkpoint.reports)
+    text = f'{json.dumps(meta)[:-1]}, "reports": [{", ".join(reports)}]}}'
+    arrays = {"meta": np.frombuffer(text.encode(), dtype=np.uint8)}
     for name, a in checkpoint.params.items():
         arrays[f"param:{name}"] = np.asarray(a, dtype=np.float32)
     for name, a in (checkpoint.own_replica or {}).items():

@@ -33,10 +33,12 @@ message published just before a crash (perhaps never delivered) can still be re-
 the restarted agent, which loads the folder back when it resumes from its checkpoint. A
 file is ``MFOB1``, a newline, one JSON line ``{"round": r, "pending": [...], "chunks": [n, ...]}``
 and the chunks' bytes, named by the sequence number; acknowledgements are not written
-back (a restarted agent may re-send a copy someone holds: a counted duplicate). A file
-``sequence`` holds the highest sequence number ever added (written before the message):
-a resumed engine numbers its messages after it (:attr:`Outbox.high`), so no number is
-used twice however many messages went out after the last checkpoint.
+back (a restarted agent may re-send a copy someone holds: a counted duplicate). The
+highest sequence number ever added is always on disk before its message goes out: the
+name of the newest message's file, or a file ``sequence`` (written for a message kept for
+nobody, and before the file of the highest message is deleted), so one fsynced write a
+message suffices. A resumed engine numbers its messages after it (:attr:`Outbox.high`),
+so no number is used twice however many messages went out after the last checkpoint.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class Outbox:
         self._bytes = 0
         self.high = 0
         """The highest sequence number added, in this process or (restored) before it."""
+        self._high_in_file = 0  # what the ``sequence`` file says (0: no file)
         if folder is not None:
             try:
                 if not restore:
@@ -138,12 +141,8 @@ class Outbox:
         """
         entry = OutboxEntry(round_, list(chunks), set(peers))
         self.high = max(self.high, sequence)
-        if self.folder is not None:
-            try:
-                atomic_write(self.folder / "sequence", lambda f: f.write(b"%d\n" % self.high))
-            except OSError as exc:
-                self._in_memory(exc)
-        if not entry.pending:
+        if not entry.pending:  # no file names it: the sequence file must
+            self._write_high()
             self._expire(round_)
             return
         if sequence in self._entries:
@@ -198,9 +197,21 @@ class Outbox:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
+    def _write_high(self) -> None:
+        """Make the ``sequence`` file say :attr:`high` (fsynced), unless it does already."""
+        if self.folder is None or self._high_in_file >= self.high:
+            return
+        try:
+            atomic_write(self.folder / "sequence", lambda f: f.write(b"%d\n" % self.high))
+            self._high_in_file = self.high
+        except OSError as exc:
+            self._in_memory(exc)
+
     def _pop(self, sequence: int) -> None:
         entry = self._entries.pop(sequence)
         self._bytes -= entry.size
+        if sequence >= self.high or not self._entries:  # its file may be all that says high
+            self._write_high()
         if self.folder is not None:
             try:
                 self._path(sequence).unlink(missing_ok=True)
@@ -225,6 +236,7 @@ class Outbox:
             self.high = max(0, int((folder / "sequence").read_text().strip()))
         except (OSError, ValueError):
             self.high = 0
+        self._high_in_file = self.high
         for path in sorted(folder.glob("*.msg")):
             try:
                 sequence = int(path.stem)

@@ -48,6 +48,11 @@ class Reporter:
         further behind them (its view of the job, and the round it plans topology
         changes from, stays within a few rounds of the devices). Reports that wait go out
         together as one batch.
+    coalesce_s
+        Longest a round report waits for the next ones (default 0.2 s; 0: each goes out
+        at once): reports go out when ``max_backlog // 2`` are waiting or the oldest has
+        waited this long, so rounds faster than the coordinator's requests cost it one
+        request per few rounds, not one per round. :meth:`close` sends what waits.
 
     A request that fails for good (the client gave up retrying, or the coordinator
     refused it) is kept and raised by the next :meth:`post_metrics`, :meth:`put_profile`
@@ -62,11 +67,15 @@ class Reporter:
         job_id: str,
         poll_s: float = 1.0,
         max_backlog: int = 8,
+        coalesce_s: float = 0.2,
     ) -> None:
         if not 1 <= max_backlog <= 64:
             raise ValueError(f"max_backlog must be in 1..64, got {max_backlog}")
         self.client, self.device_id, self.job_id = client, device_id, job_id
         self.poll_s = poll_s
+        self.coalesce_s = coalesce_s
+        self._batch_size = max(1, max_backlog // 2)
+        self._waiting_since: float | None = None  # when the oldest unsent report came
         self._slots = threading.BoundedSemaphore(max_backlog)
         self._queue: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
@@ -97,7 +106,7 @@ class Reporter:
                 return
         with self._lock:
             self._unsent.append(metrics)
-        self._queue.put(self._post_unsent)
+        self._queue.put(self._post_due)
 
     def put_profile(self, profile: CapabilityProfile) -> None:
         """Queue a re-measured capability profile."""
@@ -141,23 +150,40 @@ class Reporter:
     def _run(self) -> None:
         polled_at = time.monotonic()
         while True:
-            wait = max(0.0, polled_at + self.poll_s - time.monotonic())
+            due = polled_at + self.poll_s
+            if self._waiting_since is not None:
+                due = min(due, self._waiting_since + self.coalesce_s)
             try:
-                item = self._queue.get(timeout=wait)
+                item = self._queue.get(timeout=max(0.0, due - time.monotonic()))
             except queue.Empty:
-                item = None
+                item = self._post_due
             if item is _STOP:
+                if self._error is None:
+                    self._call(self._post_unsent)  # what still waits
                 return
-            if item is not None and self._error is None:
+            if self._error is None:
                 self._call(item)  # type: ignore[arg-type]
             if time.monotonic() - polled_at >= self.poll_s and self._error is None:
                 self._call(self._poll)
                 polled_at = time.monotonic()
 
+    def _post_due(self) -> None:
+        """Send the waiting reports if enough wait or the oldest waited ``coalesce_s``."""
+        with self._lock:
+            waiting = len(self._unsent)
+        if not waiting:
+            return
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if waiting >= self._batch_size or now - self._waiting_since >= self.coalesce_s:
+            self._post_unsent()
+
     def _post_unsent(self) -> None:
         """Send every queued report, in order: one request, a batch if more than one."""
         with self._lock:
             batch, self._unsent = self._unsent, []
+        self._waiting_since = None
         if not batch:
             return  # an earlier call already sent this one
         try:

@@ -35,6 +35,7 @@ that round, from which its neighbours mix it again.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Collection, Mapping
@@ -99,6 +100,7 @@ class Resumer:
         self.behind_until = 0
         self.save_s: list[float] = []
         self.reports: list[RoundMetrics] = []  # the latest, kept in each checkpoint
+        self._reports_json: list[str] = []  # the same, JSON-encoded once each
         self.first_sequence = 0  # the resumed engine's (restore)
         self.failed_saves = 0  # checkpoint writes refused (a full or read-only disk)
 
@@ -146,6 +148,7 @@ class Resumer:
         trainer.set_momentum_state(checkpoint.momentum or {})
         restore_algorithm(engine.algorithm, checkpoint)
         self.reports = [cast(RoundMetrics, r) for r in checkpoint.reports]
+        self._reports_json = [json.dumps(r) for r in self.reports]
         self.first_sequence = engine.sequence
         try:
             restore_delivery(engine, checkpoint.delivery)
@@ -237,6 +240,7 @@ class Resumer:
         """
         if report is not None:
             self.reports = [*self.reports, report][-KEEP_REPORTS:]
+            self._reports_json = [*self._reports_json, json.dumps(report)][-KEEP_REPORTS:]
         own, meta = algorithm_state(engine.algorithm)
         checkpoint = Checkpoint(
             job_id=self.job_id,
@@ -252,6 +256,7 @@ class Resumer:
             written_at=time.time(),
             delivery=delivery_state(engine),
             reports=[dict(r) for r in self.reports],
+            reports_json=tuple(self._reports_json),
             momentum=trainer.momentum_state() or None,
         )
         try:

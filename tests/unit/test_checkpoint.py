@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +88,24 @@ def test_a_checkpoint_reads_back_exactly(tmp_path: Path) -> None:
         np.testing.assert_array_equal(read.own_replica[name], value + 1)
     np.testing.assert_array_equal(read.shuffle, written.shuffle)
     assert [p.name for p in store.folder.iterdir()] == ["job-1.npz"]  # no temporary left
+
+
+def test_reports_encoded_by_the_writer_read_back_as_the_reports(tmp_path: Path) -> None:
+    trainer, store = _trainer(), CheckpointStore(tmp_path, "device-0")
+    reports = [{"round": 3, "accuracy": 0.5, "sketch": [0.25, -1.5]}, {"round": 4, "missing": []}]
+    plain = replace(_checkpoint(trainer), reports=reports)
+    cached = replace(plain, reports_json=tuple(json.dumps(r) for r in reports))
+
+    store.save(plain)
+    from_plain = _load(store, trainer)
+    store.save(cached)
+    from_cached = _load(store, trainer)
+    store.save(replace(plain, reports=[]))
+    empty = _load(store, trainer)
+
+    assert from_plain is not None and from_cached is not None and empty is not None
+    assert from_plain.reports == from_cached.reports == reports
+    assert empty.reports == []
 
 
 def test_the_file_is_an_npz_without_pickles(tmp_path: Path) -> None:

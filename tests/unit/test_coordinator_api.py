@@ -871,3 +871,23 @@ def test_a_boolean_model_width_is_refused_not_read_as_1(client: TestClient) -> N
     r = client.post(f"{API}/jobs", json=body, headers=ADMIN_H)
 
     assert r.status_code == 422 and "input_dim" in r.text
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1e31])
+def test_a_sketch_with_a_non_finite_or_absurd_value_is_refused(
+    client: TestClient, clock: FakeClock, bad: float
+) -> None:
+    job_id, devices = running_job(client, clock, n=2, rounds=2)
+    (_, h0), (_, h1) = devices
+    dim = client.get(f"{API}/jobs/{job_id}", headers=ADMIN_H).json()["spec"]["sketch_dim"]
+    url = f"{API}/jobs/{job_id}/metrics"
+
+    body = json.dumps(metrics(1, 0.5, [0.0] * (dim - 1) + [bad]))  # NaN, Infinity: as sent
+    refused = client.post(url, content=body, headers={**h0, "content-type": "application/json"})
+    kept = client.post(url, json=metrics(1, 0.5, [1e29] * dim), headers=h1)
+
+    assert refused.status_code == 422
+    assert "sketch holds non-finite or absurd values" in refused.text
+    assert kept.status_code in (200, 201, 204)
+    rounds = client.get(f"{API}/jobs/{job_id}/rounds", headers=ADMIN_H).json()
+    assert [r["devices_reporting"] for r in rounds] == [1]  # the refused report left no row

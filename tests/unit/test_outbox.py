@@ -11,6 +11,7 @@ from gossip_scenarios import FLEET, JOB, drift, make_algorithms, reference, run_
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge_agent import outbox as outbox_module
 from edge_agent.engine import GossipEngine
 from edge_agent.inbox import EngineStats
 from edge_agent.ledger import DeliveryLedger
@@ -179,6 +180,36 @@ def test_messages_on_disk_come_back_after_a_restart_and_go_when_acknowledged(
     fresh.add(1, 1, [b"x"], {"p"})
     fresh.remove()
     assert not folder.exists()
+
+
+def test_the_highest_sequence_is_on_disk_after_every_step_with_one_write_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "job-1.outbox"
+    box = Outbox(folder=folder, keep_rounds=1)
+    writes: list[str] = []
+    write = outbox_module.atomic_write
+    monkeypatch.setattr(
+        outbox_module,
+        "atomic_write",
+        lambda path, w: writes.append(Path(path).name) or write(path, w),
+    )
+    steps = [  # (what the sender does, the highest sequence used so far)
+        (lambda: box.add(1, 1, [b"a"], {"p", "q"}), 1),
+        (lambda: box.add(2, 2, [b"b"], {"p"}), 2),
+        (lambda: box.add(3, 3, [b"c"], set()), 3),  # kept for nobody: no file names it
+        (lambda: box.after("p", 2), 3),  # p holds 1 and 2; q still waits for 1
+        (lambda: box.add(4, 4, [b"d"], {"q"}), 4),  # round 4 expires round 1 and 2
+        (lambda: box.after("q", 4), 4),  # everything acknowledged: no message file left
+        (lambda: box.add(5, 5, [b"e"], {"q"}), 5),
+    ]
+    for step, high in steps:
+        step()
+        assert Outbox(folder=folder, restore=True).high == high  # a crash here loses nothing
+
+    assert writes.count("sequence") == 2  # for message 3 and before 4's file went
+    assert len(writes) == 2 + 4  # and one file for each message kept for someone
+    assert sorted(f.name for f in folder.glob("*.msg")) == [f"{5:020d}.msg"]
 
 
 @pytest.mark.parametrize(

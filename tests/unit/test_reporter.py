@@ -150,3 +150,46 @@ def test_a_coordinator_without_the_batch_route_gets_one_report_at_a_time() -> No
 def test_a_backlog_beyond_the_coordinators_batch_limit_is_refused(backlog: int) -> None:
     with pytest.raises(ValueError, match="max_backlog"):
         Reporter(_client(Coordinator()), "dev-1", "job-1", max_backlog=backlog)
+
+
+def test_fast_rounds_against_a_fast_coordinator_go_out_a_few_reports_a_request() -> None:
+    coordinator = Coordinator()  # answers at once: nothing queues up behind a request
+    reporter = Reporter(
+        _client(coordinator), "dev-1", "job-1", poll_s=10, max_backlog=8, coalesce_s=30.0
+    )
+    for r in range(1, 42):
+        reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
+    reporter.close()
+
+    assert coordinator.rounds == list(range(1, 42))
+    *batches, last = coordinator.posts
+    assert all(4 <= n <= 8 for n in batches) and 1 <= last <= 8  # close sends the rest
+
+
+def test_a_lone_report_waits_coalesce_s_for_company_and_close_sends_what_waits() -> None:
+    coordinator = Coordinator()
+    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=10, coalesce_s=0.3)
+    queued = time.monotonic()
+    reporter.post_metrics(_metrics(1))  # type: ignore[arg-type]
+    deadline = queued + 10.0
+    while not coordinator.rounds and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waited = time.monotonic() - queued
+    reporter.post_metrics(_metrics(2))  # type: ignore[arg-type]
+    reporter.close()  # round 2 waits no longer: it goes out now
+
+    assert coordinator.rounds == [1, 2] and coordinator.posts == [1, 1]
+    assert waited >= 0.3
+
+
+def test_with_coalesce_s_0_each_report_goes_out_at_once() -> None:
+    coordinator = Coordinator()
+    reporter = Reporter(_client(coordinator), "dev-1", "job-1", poll_s=10, coalesce_s=0.0)
+    for r in range(1, 6):
+        reporter.post_metrics(_metrics(r))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10.0
+        while len(coordinator.rounds) < r and time.monotonic() < deadline:
+            time.sleep(0.005)
+    reporter.close()
+
+    assert coordinator.rounds == [1, 2, 3, 4, 5] and coordinator.posts == [1] * 5

@@ -1,0 +1,46 @@
+"""benchmarks/round_overhead.py: round time is a slope, training the slowest device's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("round_overhead", BENCH / "round_overhead.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH))  # as running the script does: machine, w1_flower
+    sys.modules["round_overhead"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_round_time_is_the_slope_whatever_the_offsets(bench: ModuleType) -> None:
+    # 40 ms a round, reports arriving up to 0.2 s late in a repeating pattern (batches).
+    points = [(r, 3.0 + 0.04 * r + (0.2 if r % 5 == 0 else 0.0)) for r in range(2, 202)]
+    assert bench.slope_ms(points) == pytest.approx(40.0, abs=0.2)
+    assert bench.slope_ms([(r, 0.015 * r) for r in range(2, 30)]) == pytest.approx(15.0)
+
+
+def test_training_is_the_slowest_device_of_each_round_from_round_2(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    db = tmp_path / "coordinator.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE round_metrics (round INTEGER, metrics TEXT)")
+        rows = [(1, 0.9), (1, 0.1), (2, 0.002), (2, 0.004), (3, 0.006), (3, 0.001)]
+        conn.executemany(
+            "INSERT INTO round_metrics VALUES (?, ?)",
+            [(r, json.dumps({"train_s": t, "accuracy": 0.5})) for r, t in rows],
+        )
+    assert bench.slowest_training_ms(db, 2) == pytest.approx(5.0)  # mean of 4 ms and 6 ms
