@@ -10,8 +10,10 @@ project's config, a free port), the trivial model (``--model logreg --alpha 1000
 - **training**: per round, the slowest device's ``train_s`` (its local steps, from the
   round reports in the run's ``coordinator.db``), averaged over rounds 2..R;
 - **overhead** = round time − training, in milliseconds;
-- **CPU**: user + system seconds of every process of the run, per round (start-up
-  included; compare runs of one length only).
+- **CPU**: user + system seconds a round of the processes ``meshfl local`` started (by
+  role: agents, coordinator, launcher; the broker is not one of them), sampled every
+  0.2 s, between the arrivals of the rounds at 10 % and 90 % of the run (steady state:
+  no start-up, no end of job).
 
 ``--src NAME=PATH`` (repeatable) runs the fleet from another checkout of meshfl (its
 folder first on ``PYTHONPATH``), interleaved with the others repeat by repeat (A B, then
@@ -70,6 +72,26 @@ def slowest_training_ms(db: Path, first: int) -> float:
     return 1000 * statistics.mean(slowest.values())
 
 
+ROLES = (("agent run", "agents"), ("coordinator serve", "coordinator"))
+
+
+def _role(cmdline: str) -> str:
+    return next((role for key, role in ROLES if key in cmdline), "launcher")
+
+
+def _cpu_between(
+    samples: list[tuple[float, dict[int, tuple[str, float]]]], t0: float, t1: float
+) -> dict[str, float]:
+    """CPU seconds each role used from the last sample before ``t0`` to the first after ``t1``."""
+    before = max((s for s in samples if s[0] <= t0), key=lambda s: s[0], default=samples[0])
+    after = min((s for s in samples if s[0] >= t1), key=lambda s: s[0], default=samples[-1])
+    used: dict[str, float] = {}
+    for pid, (cmdline, cpu) in after[1].items():
+        start = before[1].get(pid, (cmdline, 0.0))[1]
+        used[_role(cmdline)] = used.get(_role(cmdline), 0.0) + cpu - start
+    return used
+
+
 def one_run(
     src: Path, table: Path, broker_url: str, args: argparse.Namespace, out: Path
 ) -> dict[str, float]:
@@ -81,14 +103,17 @@ def one_run(
     log = out.with_suffix(".log")
     with open(log, "w") as handle:
         process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
-    root, cpu = psutil.Process(process.pid), {}
+    root = psutil.Process(process.pid)
+    samples: list[tuple[float, dict[int, tuple[str, float]]]] = []  # (unix s, pid → CPU s)
     while process.poll() is None:
+        now, cpu = time.time(), {}
         for p in [root, *root.children(recursive=True)]:
             try:
                 times = p.cpu_times()
-                cpu[p.pid] = times.user + times.system  # its last sample before it exits
+                cpu[p.pid] = (" ".join(p.cmdline()), times.user + times.system)
             except psutil.Error:
                 pass
+        samples.append((now, cpu))
         time.sleep(0.2)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     rounds = report.get("rounds", [])
@@ -96,8 +121,15 @@ def one_run(
         raise RuntimeError(f"the run from {src} did not finish every round; see {log}")
     round_ms = slope_ms([(r["round"], r["elapsed_s"]) for r in rounds if r["round"] >= 2])
     train_ms = slowest_training_ms(out / "coordinator.db", 2)
+    with sqlite3.connect(out / "coordinator.db") as conn:
+        (started,) = conn.execute("SELECT started_at FROM jobs").fetchone()
+    first, last = rounds[args.rounds // 10], rounds[args.rounds - args.rounds // 10 - 1]
+    used = _cpu_between(samples, started + first["elapsed_s"], started + last["elapsed_s"])
+    per_round = {
+        f"cpu_{role}_ms": 1000 * v / (last["round"] - first["round"]) for role, v in used.items()
+    }
     return {"round_ms": round_ms, "train_ms": train_ms, "overhead_ms": round_ms - train_ms,
-            "cpu_ms_per_round": 1000 * sum(cpu.values()) / args.rounds,
+            "cpu_ms": sum(per_round.values()), **per_round,
             "final_accuracy": rounds[-1]["mean_accuracy"]}  # fmt: skip
 
 
@@ -141,14 +173,16 @@ def main(argv: list[str] | None = None) -> None:
                 cells = ", ".join(f"{k} {v:.4g}" for k, v in run.items())
                 print(f"repeat {repeat + 1} {name}: {cells}", flush=True)
     print("\nmedians of", args.repeats)
-    print("build | round ms | slowest training ms | overhead ms | CPU ms a round | final accuracy")
+    print("build | round ms | slowest training ms | overhead ms | CPU ms a round: all, agents,"
+          " coordinator | final accuracy")  # fmt: skip
     summary = {}
     for name, runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        keys = dict.fromkeys(k for r in runs for k in r)  # a role may be absent in a run
+        med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
         summary[name] = {"median": med, "runs": runs}
         print(f"{name} | {med['round_ms']:.1f} | {med['train_ms']:.2f} | "
-              f"{med['overhead_ms']:.1f} | {med['cpu_ms_per_round']:.0f} | "
-              f"{med['final_accuracy']:.4f}")  # fmt: skip
+              f"{med['overhead_ms']:.1f} | {med['cpu_ms']:.0f}, {med.get('cpu_agents_ms', 0):.0f}, "
+              f"{med.get('cpu_coordinator_ms', 0):.0f} | {med['final_accuracy']:.4f}")  # fmt: skip
     first, *others = results
     for name in others:  # paired by repeat: the machine's speed drifts between repeats
         pairs = zip(results[first], results[name], strict=True)

@@ -150,6 +150,7 @@ def test_a_dp_job_feeds_the_metrics_and_logs_json_lines_naming_device_and_job(
         assignment = _assignment(model, i)
         assignment["spec"].update(rounds=2, codec="identity", dp_noise_multiplier=1.0,
                                   dp_clip=1.0, round_deadline_s=10.0)  # fmt: skip
+        clients[i].current = assignment  # what the reporter's polls read: still running
         try:
             transport = _connected(bus, DEVICES[i])
             telemetry[i].connected(DEVICES[i], lambda: transport.reconnects)

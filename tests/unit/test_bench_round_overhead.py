@@ -44,3 +44,15 @@ def test_training_is_the_slowest_device_of_each_round_from_round_2(
             [(r, json.dumps({"train_s": t, "accuracy": 0.5})) for r, t in rows],
         )
     assert bench.slowest_training_ms(db, 2) == pytest.approx(5.0)  # mean of 4 ms and 6 ms
+
+
+def test_cpu_is_counted_by_role_between_the_two_rounds(bench: ModuleType) -> None:
+    agent, coordinator = "meshfl agent run --name device-0", "python -m meshfl coordinator serve"
+    samples = [
+        (10.0, {1: (agent, 1.0), 2: (coordinator, 2.0)}),
+        (10.2, {1: (agent, 1.5), 2: (coordinator, 2.1), 3: ("meshfl agent run", 0.5)}),
+        (10.4, {1: (agent, 2.0), 2: (coordinator, 2.4), 3: ("meshfl agent run", 0.9)}),
+        (10.6, {1: (agent, 9.0), 2: (coordinator, 9.0)}),  # after the window: not counted
+    ]
+    used = bench._cpu_between(samples, 10.1, 10.3)  # from the sample at 10.0 to 10.4
+    assert used == pytest.approx({"agents": 1.0 + 0.9, "coordinator": 0.4})

@@ -59,6 +59,9 @@ class FakeClient:
     def post_metrics(self, job_id: str, metrics: Any) -> None:
         self.metrics.append(metrics)
 
+    def post_metrics_batch(self, job_id: str, batch: list[Any]) -> None:
+        self.metrics.extend(batch)  # reports that waited for each other (the reporter)
+
     def post_done(self, job_id: str, done: Any) -> None:
         self.done.append(done)
 
