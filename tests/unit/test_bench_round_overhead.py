@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("round_overhead", BENCH / "round_overhead.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCH))  # as running the script does: machine, w1_flower
-    sys.modules["round_overhead"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("round_overhead")
 
 
 def test_the_round_time_is_the_slope_whatever_the_offsets(bench: ModuleType) -> None:

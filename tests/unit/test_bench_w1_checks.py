@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import BENCH, load_script
 
 
 @pytest.fixture(scope="module")
 def w1_flower() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("w1_flower", BENCH / "w1_flower.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["w1_flower"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("w1_flower")
 
 
 def _run(accuracies: list[float], bytes_up: int = 100, clients: int = 8) -> dict[str, Any]:
