@@ -53,11 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def slope_ms(points: list[tuple[int, float]]) -> float:
     """Least-squares slope of ``(round, seconds)`` in milliseconds a round."""
-    n = len(points)
-    mx = sum(r for r, _ in points) / n
-    my = sum(s for _, s in points) / n
-    num = sum((r - mx) * (s - my) for r, s in points)
-    return 1000 * num / sum((r - mx) ** 2 for r, _ in points)
+    rounds, seconds = zip(*points, strict=True)
+    return 1000 * statistics.linear_regression(rounds, seconds).slope
 
 
 def slowest_training_ms(db: Path, first: int) -> float:

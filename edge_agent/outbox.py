@@ -210,7 +210,7 @@ class Outbox:
     def _pop(self, sequence: int) -> None:
         entry = self._entries.pop(sequence)
         self._bytes -= entry.size
-        if sequence >= self.high or not self._entries:  # its file may be all that says high
+        if sequence >= self.high:  # its file may be all that says high
             self._write_high()
         if self.folder is not None:
             try:

@@ -99,8 +99,8 @@ class Resumer:
         self.checkpoint: Checkpoint | None = None
         self.behind_until = 0
         self.save_s: list[float] = []
-        self.reports: list[RoundMetrics] = []  # the latest, kept in each checkpoint
-        self._reports_json: list[str] = []  # the same, JSON-encoded once each
+        # The latest reports, kept in each checkpoint, each with its JSON (encoded once).
+        self._kept: list[tuple[RoundMetrics, str]] = []
         self.first_sequence = 0  # the resumed engine's (restore)
         self.failed_saves = 0  # checkpoint writes refused (a full or read-only disk)
 
@@ -147,8 +147,7 @@ class Resumer:
         trainer.set_shuffle_state(checkpoint.shuffle)
         trainer.set_momentum_state(checkpoint.momentum or {})
         restore_algorithm(engine.algorithm, checkpoint)
-        self.reports = [cast(RoundMetrics, r) for r in checkpoint.reports]
-        self._reports_json = [json.dumps(r) for r in self.reports]
+        self._kept = [(cast(RoundMetrics, r), json.dumps(r)) for r in checkpoint.reports]
         self.first_sequence = engine.sequence
         try:
             restore_delivery(engine, checkpoint.delivery)
@@ -223,7 +222,7 @@ class Resumer:
     @property
     def unposted(self) -> list[RoundMetrics]:
         """The reports the checkpoint resumed from holds: maybe never posted (a crash)."""
-        return [] if self.checkpoint is None else list(self.reports)
+        return [] if self.checkpoint is None else [r for r, _ in self._kept]
 
     def save(
         self,
@@ -239,8 +238,7 @@ class Resumer:
         round's report, about to be posted; the latest :data:`KEEP_REPORTS` are kept.
         """
         if report is not None:
-            self.reports = [*self.reports, report][-KEEP_REPORTS:]
-            self._reports_json = [*self._reports_json, json.dumps(report)][-KEEP_REPORTS:]
+            self._kept = [*self._kept, (report, json.dumps(report))][-KEEP_REPORTS:]
         own, meta = algorithm_state(engine.algorithm)
         checkpoint = Checkpoint(
             job_id=self.job_id,
@@ -255,8 +253,8 @@ class Resumer:
             epsilon=epsilon,
             written_at=time.time(),
             delivery=delivery_state(engine),
-            reports=[dict(r) for r in self.reports],
-            reports_json=tuple(self._reports_json),
+            reports=[cast(dict[str, Any], r) for r, _ in self._kept],  # never changed: no copy
+            reports_json=tuple(text for _, text in self._kept),
             momentum=trainer.momentum_state() or None,
         )
         try:
