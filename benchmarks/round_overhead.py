@@ -115,7 +115,9 @@ def one_run(
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     rounds = report.get("rounds", [])
     if process.returncode != 0 or [r["round"] for r in rounds] != list(range(1, args.rounds + 1)):
-        raise RuntimeError(f"the run from {src} did not finish every round; see {log}")
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        last = lines[-1] if lines else "no output"
+        raise RuntimeError(f"the run from {src} did not finish every round: {last}")
     round_ms = slope_ms([(r["round"], r["elapsed_s"]) for r in rounds if r["round"] >= 2])
     train_ms = slowest_training_ms(out / "coordinator.db", 2)
     with sqlite3.connect(out / "coordinator.db") as conn:
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 10:
         parser.error("--rounds must be at least 10: the slope needs rounds")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     sources = {}
     for item in args.src or [f"this={ROOT}"]:
         name, sep, path = item.partition("=")
@@ -165,7 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         for repeat in range(args.repeats):
             order = list(sources.items())
             for name, src in order if repeat % 2 == 0 else order[::-1]:  # A B, B A, ...
-                run = one_run(src, table, args.broker, args, tmp / f"{name}-{repeat}")
+                try:
+                    run = one_run(src, table, args.broker, args, tmp / f"{name}-{repeat}")
+                except RuntimeError as exc:  # a run that did not finish: no figure
+                    sys.exit(f"round_overhead: {exc}")
                 results[name].append(run)
                 cells = ", ".join(f"{k} {v:.4g}" for k, v in run.items())
                 print(f"repeat {repeat + 1} {name}: {cells}", flush=True)
